@@ -1,0 +1,11 @@
+"""fusebench: benchmark and profile PyTorch execution modes honestly."""
+__version__ = "0.1.0"
+
+
+def load_results(paths):
+    """Results files -> pandas.DataFrame, one row per record (see fusebench.frame)."""
+    from fusebench.frame import load_results as _load
+    return _load(paths)
+
+
+__all__ = ["__version__", "load_results"]

@@ -1,0 +1,5 @@
+import sys
+
+from fusebench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,59 @@
+"""Kernel implementations by family: @register_impl("ln2d", "permute")."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fusebench.errors import unknown_name
+from fusebench.registry import Registry
+
+
+def _always(device: str = "cpu") -> tuple[bool, str]:
+    return True, ""
+
+
+@dataclass(frozen=True)
+class KernelImpl:
+    family: str
+    name: str
+    fn: Callable                                   # family signature, e.g. ln2d: fn(x, w, b, eps)
+    available: Callable[..., tuple[bool, str]] = _always   # (device) -> (ok, reason)
+    description: str = ""
+
+
+_FAMILIES: dict[str, Registry[KernelImpl]] = {}
+
+
+def register_impl(family: str, name: str, *, available=None, description: str = ""):
+    """Decorator: registers fn as implementation `name` of kernel `family`."""
+    def deco(fn):
+        reg = _FAMILIES.setdefault(family, Registry(f"{family} impl"))
+        reg.add(name, KernelImpl(family, name, fn, available or _always,
+                                 description or (fn.__doc__ or "").strip().split("\n")[0]))
+        return fn
+    return deco
+
+
+def _load_all() -> None:
+    # Importing the families registers their impls; kept lazy so `import fusebench` stays cheap.
+    import fusebench.kernels.ln2d  # noqa: F401
+
+
+def families() -> list[str]:
+    _load_all()
+    return sorted(_FAMILIES)
+
+
+def family(name: str) -> Registry[KernelImpl]:
+    _load_all()
+    if name not in _FAMILIES:
+        raise unknown_name("kernel family", [name], _FAMILIES)
+    return _FAMILIES[name]
+
+
+def get_impl(family_name: str, name: str) -> KernelImpl:
+    return family(family_name)[name]
+
+
+def list_impls(family_name: str, pattern: str = "*") -> list[str]:
+    return family(family_name).names(pattern)
