@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import click
 import typer
 
 from fusebench.errors import UsageError
@@ -32,14 +33,22 @@ _register_all()
 
 
 def main(argv: list[str] | None = None) -> int:
+    # standalone_mode=False so click's usage errors come back to us and print as one line
+    # (typer would otherwise draw a multi-line panel).
     try:
-        app(args=argv, prog_name="fusebench", standalone_mode=True)
+        rv = app(args=argv, prog_name="fusebench", standalone_mode=False)
     except UsageError as e:
         print(f"fusebench: error: {e}", file=sys.stderr)
         return 2
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return 0
+    except click.exceptions.UsageError as e:
+        print(f"fusebench: error: {e.format_message()}", file=sys.stderr)
+        return 2
+    except click.exceptions.Abort:
+        print("fusebench: interrupted", file=sys.stderr)
+        return 130
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":
