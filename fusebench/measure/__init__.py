@@ -1,0 +1,1 @@
+"""Measurement pieces used by the worker: timer, memory, events, correctness, flops, telemetry."""

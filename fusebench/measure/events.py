@@ -1,0 +1,86 @@
+"""Every fallback is an event: Python warnings, C++ warnings on stderr, compiler counters.
+
+EventLog aggregates by (kind, source, message-first-line) so a warning raised every step is one
+event with a count, not a thousand lines."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections import OrderedDict
+
+from fusebench.spec import Event
+
+
+def first_line(text: object, limit: int = 300) -> str:
+    s = str(text).strip().splitlines()
+    return (s[0] if s else "")[:limit]
+
+
+class EventLog:
+    def __init__(self):
+        self._counts: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+
+    def add(self, kind: str, source: str, message: object, count: int = 1) -> None:
+        key = (kind, source, first_line(message))
+        self._counts[key] = self._counts.get(key, 0) + count
+
+    def events(self) -> tuple[Event, ...]:
+        return tuple(Event(k, s, m, c) for (k, s, m), c in self._counts.items())
+
+    def count(self, kind: str) -> int:
+        return sum(c for (k, _, _), c in self._counts.items() if k == kind)
+
+    @contextlib.contextmanager
+    def capture_warnings(self):
+        """Record every Python warning (all categories, every occurrence) raised inside."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                for w in caught:
+                    self.add("warning", f"python:{w.category.__name__}", w.message)
+
+    @contextlib.contextmanager
+    def capture_stderr(self):
+        """Capture fd 2 (where C++ TORCH_WARN and friends write) and turn lines into events.
+        The captured text is echoed back to the real stderr so nothing is hidden."""
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile(mode="w+b") as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                text = tmp.read().decode(errors="replace")
+                if text:
+                    os.write(2, text.encode())
+                for kind, msg in parse_stderr(text):
+                    self.add(kind, "stderr", msg)
+
+
+# C++ warnings look like "[W1130 10:58:36.123 file.cpp:42] Warning: ..." or "UserWarning: ...".
+_CPP_WARN = re.compile(r"^\[W\S*\s+[^\]]*\]\s*(?:Warning:\s*)?(?P<msg>.+)$")
+_PY_WARN_LINE = re.compile(r"^\S+:\d+: (?P<cat>\w*Warning): (?P<msg>.+)$")
+
+
+def parse_stderr(text: str) -> list[tuple[str, str]]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        m = _CPP_WARN.match(line)
+        if m:
+            out.append(("cpp_warning", m.group("msg")))
+            continue
+        m = _PY_WARN_LINE.match(line)
+        if m:  # a warning printed by a library directly (already shown once)
+            out.append(("warning", f"{m.group('cat')}: {m.group('msg')}"))
+    return out

@@ -1,0 +1,12 @@
+"""eager: the model as written. The baseline every other mode is compared with."""
+from fusebench.modes import register_mode
+from fusebench.modes.base import Mode
+
+
+@register_mode
+class Eager(Mode):
+    name = "eager"
+    description = "plain PyTorch eager execution (baseline)"
+
+    def prepare(self, model, example_inputs, options, events):
+        return model
