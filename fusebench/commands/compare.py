@@ -1,0 +1,69 @@
+"""fusebench compare FILE [FILE...]: modes side by side, or runs against a baseline, with CIs."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from fusebench.commands import guarded
+
+
+class MetricChoice(str, Enum):
+    throughput = "throughput"
+    step_ms = "step_ms"
+    peak_mem = "peak_mem"
+    activation = "activation"
+    compile_s = "compile_s"
+
+
+class CompareFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    csv = "csv"
+    json = "json"
+
+
+@guarded
+def compare(
+    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    baseline: Annotated[Optional[str], typer.Option(
+        help="One file: the baseline mode (default eager). Several files: the baseline file "
+             "(default the first).")] = None,
+    metric: Annotated[MetricChoice, typer.Option(help="What to compare.")] =
+        MetricChoice.throughput,
+    fmt: Annotated[CompareFormat, typer.Option("--format", help="Output format.")] =
+        CompareFormat.table,
+    fail_on_regression: Annotated[Optional[float], typer.Option(
+        "--fail-on-regression", metavar="PCT",
+        help="Exit 1 when a cell is worse by more than PCT percent and its 95% CI excludes "
+             "no change (or, across runs, a cell that was ok now fails).")] = None,
+) -> None:
+    """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
+    from fusebench.compare import compare_files
+    from fusebench.report_compare import TEXT_RENDERERS, render_table
+
+    cmp = compare_files(files, metric.value, baseline, fail_on_regression)
+    err = Console(stderr=True)
+    for w in cmp.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    if fmt is CompareFormat.table:
+        render_table(cmp, Console())
+    else:
+        sys.stdout.write(TEXT_RENDERERS[fmt.value](cmp))
+    if not cmp.rows:
+        err.print("[yellow]warning:[/yellow] no cells to compare", highlight=False)
+    regressions = cmp.regressions()
+    if regressions:
+        for r in regressions:
+            where = f" in {r.run}" if r.run else ""
+            err.print(f"[bold red]regression[/bold red]{where}: {r.model} {r.config} "
+                      f"{r.variant}: {r.verdict}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)

@@ -1,0 +1,40 @@
+"""fusebench export FILE --format csv|markdown: a results file as a table for other tools."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fusebench.commands import guarded
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    markdown = "markdown"
+
+
+@guarded
+def export(
+    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] =
+        ExportFormat.csv,
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+) -> None:
+    """Export records (one row each, env columns prefixed env.) as CSV or a markdown table."""
+    from fusebench.frame import EXPORTERS, load_results
+    from fusebench.results import write_atomic
+
+    text = EXPORTERS[fmt.value](load_results(files))
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(output, text)
+        print(f"wrote {output}", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

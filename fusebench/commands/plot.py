@@ -1,0 +1,37 @@
+"""fusebench plot FILE [FILE...] --kind KIND -o out.png|.svg: the picture people share."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fusebench.commands import guarded
+
+
+class PlotKind(str, Enum):
+    speedup = "speedup"
+    throughput = "throughput"
+    memory = "memory"
+    sweep = "sweep"
+
+
+@guarded
+def plot(
+    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    kind: Annotated[PlotKind, typer.Option(help="Which figure.")] = PlotKind.speedup,
+    output: Annotated[Path, typer.Option("--output", "-o",
+                                         help="Image to write: .png, .svg or .pdf.")] =
+        Path("fusebench.png"),
+) -> None:
+    """Plot speedup (with CIs), throughput, memory or a sweep; headless, env in a footnote."""
+    from fusebench.plot import plot_files
+
+    out = plot_files(files, kind.value, output)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plot")(plot)

@@ -1,0 +1,370 @@
+"""Compare records: modes within one run, or the same cells across runs.
+
+A *cell* is a configuration (model, bench, batch, image size, layout, dtype, device, kernel shape,
+...). A *variant* is what is being compared inside a cell: the mode (or kernel impl). One file:
+variants of each cell against the baseline mode. Several files: each (cell, variant) across the
+runs, against the baseline file. Rendering lives in report_compare.py.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fusebench import stats
+from fusebench.env import env_differences
+from fusebench.errors import UsageError
+from fusebench.results import load
+from fusebench.spec import Record
+
+
+# --- metrics registry --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str                                  # column header
+    unit: str
+    higher_is_better: bool
+    value: Callable[[Record], float | None]     # the number shown
+    # per-step *times* (ms) behind the value, for the bootstrap; None = no samples (no CI)
+    samples: Callable[[Record], Sequence[float] | None] = lambda r: None
+    better: str = "faster"
+    worse: str = "slower"
+    scale: float = 1.0                          # display: value / scale
+    fmt: str = "{:.2f}"
+
+    def show(self, v: float | None) -> str:
+        return "—" if v is None else self.fmt.format(v / self.scale)
+
+
+def _step_samples(r: Record):
+    return r.step_ms.samples if r.step_ms and r.step_ms.samples else None
+
+
+def _throughput(r: Record) -> float | None:
+    if r.throughput is not None:
+        return r.throughput
+    if r.step_ms and r.step_ms.median > 0:
+        return r.batch_size * 1000.0 / r.step_ms.median  # ms -> samples/s
+    return None
+
+
+METRICS: dict[str, Metric] = {
+    # throughput = batch / step time, so its ratio and CI come from the step-time samples
+    "throughput": Metric("throughput", "throughput", "samples/s", True, _throughput,
+                         _step_samples, fmt="{:.1f}"),
+    "step_ms": Metric("step_ms", "step (median)", "ms", False,
+                      lambda r: r.step_ms.median if r.step_ms else None, _step_samples,
+                      fmt="{:.3f}"),
+    "peak_mem": Metric("peak_mem", "peak memory", "MiB", False, lambda r: r.peak_mem_bytes,
+                       better="less memory", worse="more memory", scale=2 ** 20, fmt="{:.1f}"),
+    "activation": Metric("activation", "activation memory", "MiB", False,
+                         lambda r: r.activation_bytes, better="less memory",
+                         worse="more memory", scale=2 ** 20, fmt="{:.1f}"),
+    "compile_s": Metric("compile_s", "compile + first call", "s", False, lambda r: r.compile_s,
+                        better="faster", worse="slower", fmt="{:.2f}"),
+}
+
+
+def get_metric(name: str) -> Metric:
+    if name not in METRICS:
+        from fusebench.errors import unknown_name
+        raise unknown_name("metric", [name], METRICS)
+    return METRICS[name]
+
+
+# --- identity of cells and variants ------------------------------------------------------------
+# Extra keys that are part of a cell's configuration (kernel and distributed records).
+_CONFIG_EXTRA = ("family", "shape", "direction", "world_size", "strategy", "sweep")
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _cell_spec(r: Record) -> dict[str, Any]:
+    c = r.extra.get("cell")
+    return c if isinstance(c, dict) else {}
+
+
+def cell_key(r: Record) -> tuple:
+    """Everything that defines the configuration, but not the mode/impl."""
+    spec = _cell_spec(r)
+    return (r.model, r.bench, r.batch_size, r.img_size, r.channels_last, r.dtype, r.device,
+            bool(spec.get("amp", False)), _freeze(spec.get("model_kwargs") or {}),
+            tuple((k, _freeze(r.extra[k])) for k in _CONFIG_EXTRA if k in r.extra))
+
+
+def variant(r: Record) -> str:
+    """The thing compared inside a cell: the mode, or the kernel impl; mode options make a
+    distinct variant (compile[mode=max-autotune])."""
+    name = str(r.extra["impl"]) if "impl" in r.extra and "family" in r.extra else r.mode
+    opts = _cell_spec(r).get("mode_options") or {}
+    if opts:
+        name += "[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())) + "]"
+    return name
+
+
+def config_label(r: Record) -> str:
+    """Short human label of the configuration (without the model name)."""
+    parts = [r.bench]
+    if "shape" in r.extra:
+        parts.append("x".join(str(s) for s in r.extra["shape"]))
+    else:
+        parts.append(f"b{r.batch_size}")
+        if r.img_size:
+            parts.append(str(r.img_size))
+    if r.channels_last:
+        parts.append("NHWC")
+    parts.append(r.dtype.replace("float", "fp").replace("bfp16", "bf16"))
+    if _cell_spec(r).get("amp"):
+        parts.append("amp")
+    parts.append(r.device)
+    if "world_size" in r.extra:
+        parts.append(f"ws{r.extra['world_size']}")
+    kw = _cell_spec(r).get("model_kwargs") or {}
+    if kw:
+        parts.append(",".join(f"{k}={v}" for k, v in sorted(kw.items())))
+    return " ".join(parts)
+
+
+# --- rows --------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    model: str
+    config: str
+    variant: str
+    run: str                      # file label (several files) or "" (one file)
+    status: str
+    value: float | None
+    iqr: float | None = None      # in the metric's unit, for time metrics
+    baseline: bool = False        # this row is the reference of its group
+    ratio: stats.Ratio | None = None
+    verdict: str = ""             # the sentence, or why there is none
+    regression: bool = False
+    group: int = 0                # rows with the same group are compared with each other
+
+    def to_dict(self, metric: Metric) -> dict[str, Any]:
+        d = {"model": self.model, "config": self.config, "variant": self.variant,
+             "run": self.run, "status": self.status, "metric": metric.name, "unit": metric.unit,
+             "value": None if self.value is None else self.value / metric.scale,
+             "baseline": self.baseline, "verdict": self.verdict,
+             "regression": self.regression}
+        d.update(self.ratio.to_dict() if self.ratio else
+                 {"gain": None, "ci_low": None, "ci_high": None, "significant": None})
+        return d
+
+
+@dataclass
+class GeoRow:
+    label: str                    # the variant (one file) or the run (several files)
+    cells: int
+    ratio: stats.Ratio
+    verdict: str
+
+
+@dataclass
+class Comparison:
+    metric: Metric
+    kind: str                                     # "modes" | "runs"
+    baseline: str                                 # mode name or file label
+    rows: list[Row] = field(default_factory=list)
+    geomean: list[GeoRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    env_summary: str = ""
+
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.regression]
+
+
+def _ratio(metric: Metric, base: Record, cand: Record) -> stats.Ratio | None:
+    bs, cs = metric.samples(base), metric.samples(cand)
+    if bs and cs:
+        # samples are times: the gain is a speedup whichever way the metric reads
+        return stats.speedup_ci(bs, cs)
+    bv, cv = metric.value(base), metric.value(cand)
+    if bv is None or cv is None or bv <= 0 or cv <= 0:
+        return None
+    return stats.gain_from_values(bv, cv, metric.higher_is_better)
+
+
+def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
+    ok = r.status == "ok"
+    v = metric.value(r) if ok else None
+    iqr = r.step_ms.iqr if (ok and metric.name == "step_ms" and r.step_ms) else None
+    return Row(model=r.model, config=config_label(r), variant=variant(r), run=run,
+               status=r.status, value=v, iqr=iqr, group=group)
+
+
+def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float | None,
+           failure_regresses: bool = False) -> None:
+    """Fill row.ratio/verdict/regression for candidate vs baseline."""
+    if base.status != "ok":
+        row.verdict = f"baseline {base.status}"
+        return
+    if cand.status != "ok":
+        row.verdict = cand.status
+        # across runs, a cell that worked in the baseline and fails now is the worst
+        # regression of all ("unavailable" is the machine, not the code)
+        row.regression = (fail_pct is not None and failure_regresses
+                          and cand.status != "unavailable")
+        return
+    row.ratio = _ratio(metric, base, cand)
+    if row.ratio is None:
+        row.verdict = f"no {metric.label}"
+        return
+    row.verdict = stats.describe(row.ratio, metric.better, metric.worse)
+    if fail_pct is not None:
+        worse = row.ratio.gain < 1.0 and row.ratio.significant
+        row.regression = worse and stats.loss_pct(row.ratio) > fail_pct
+
+
+def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -> list[GeoRow]:
+    by: dict[str, list[stats.Ratio]] = {}
+    for r in rows:
+        if r.ratio is not None and not r.baseline:
+            by.setdefault(label_of(r), []).append(r.ratio)
+    out = []
+    for label, ratios in by.items():
+        g = stats.geomean_ratio(ratios)
+        out.append(GeoRow(label, len(ratios), g, stats.describe(g, metric.better, metric.worse)))
+    return out
+
+
+def compare_modes(records: list[Record], metric: Metric, baseline: str | None = None,
+                  fail_pct: float | None = None) -> Comparison:
+    """One run: every variant of each cell vs the baseline variant (default: eager)."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        groups.setdefault(cell_key(r), []).append(r)
+    names = {variant(r) for r in records}
+    base = baseline or ("eager" if "eager" in names else _first_variant(records))
+    if baseline and baseline not in names:
+        from fusebench.errors import unknown_name
+        raise unknown_name("baseline mode", [baseline], names)
+    cmp = Comparison(metric, "modes", base)
+    for gi, recs in enumerate(groups.values()):
+        ref = next((r for r in recs if variant(r) == base), None)
+        # baseline first, then the others in file order
+        for r in sorted(recs, key=lambda r: r is not ref):
+            row = _row(metric, r, "", gi)
+            if r is ref:
+                row.baseline, row.verdict = True, "baseline"
+            elif ref is None:
+                row.verdict = f"no {base} in this cell"
+            else:
+                _judge(metric, row, ref, r, fail_pct)
+            cmp.rows.append(row)
+    cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
+    return cmp
+
+
+def _first_variant(records: list[Record]) -> str:
+    if not records:
+        raise UsageError("no records to compare")
+    return variant(records[0])
+
+
+@dataclass
+class Run:
+    label: str
+    env: dict[str, Any]
+    records: list[Record]
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    doc = load(path)
+    try:
+        recs = [Record.from_dict(r) for r in doc["records"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: malformed record ({e})") from None
+    return Run(label or Path(path).name, doc.get("env") or {}, recs)
+
+
+def labels_for(paths: Sequence[str | Path]) -> list[str]:
+    """File names, or parent/name when two files share a name."""
+    names = [Path(p).name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [str(Path(p)) for p in paths]
+
+
+def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None) -> Comparison:
+    """Several runs: each (cell, variant) matched across runs, vs runs[0]."""
+    base = runs[0]
+    cmp = Comparison(metric, "runs", base.label)
+    for other in runs[1:]:
+        diffs = env_differences(base.env, other.env)
+        if diffs:
+            cmp.warnings.append(f"environments differ ({base.label} vs {other.label}): "
+                                + "; ".join(diffs))
+    index: list[dict[tuple, Record]] = []
+    for run in runs:
+        idx: dict[tuple, Record] = {}
+        for r in run.records:
+            k = (cell_key(r), variant(r))
+            if k in idx:
+                cmp.warnings.append(f"{run.label}: duplicate cell {r.model} {config_label(r)} "
+                                    f"{variant(r)}; using the last one")
+            idx[k] = r
+        index.append(idx)
+    keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
+    gi = 0
+    for k in keys:
+        present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
+        if len(present) < 2:
+            run, r = present[0]
+            cmp.warnings.append(f"only in {run.label}: {r.model} {config_label(r)} {variant(r)}")
+            continue
+        ref = index[0].get(k)
+        for run, r in present:
+            row = _row(metric, r, run.label, gi)
+            if run is base:
+                row.baseline, row.verdict = True, "baseline"
+            elif ref is None:
+                row.verdict = f"not in {base.label}"
+            else:
+                _judge(metric, row, ref, r, fail_pct, failure_regresses=True)
+            cmp.rows.append(row)
+        gi += 1
+    cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
+    return cmp
+
+
+def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
+                  baseline: str | None = None, fail_pct: float | None = None) -> Comparison:
+    """The whole compare command minus rendering. baseline: a mode (one file) or a file
+    (several files; one of the given files, or an extra file to compare them against)."""
+    from fusebench.env import env_summary
+
+    m = get_metric(metric)
+    if fail_pct is not None and (math.isnan(fail_pct) or fail_pct < 0):
+        raise UsageError(f"--fail-on-regression must be a percentage >= 0, got {fail_pct}")
+    paths = list(paths)
+    if not paths:
+        raise UsageError("compare needs at least one results file")
+    if len(paths) == 1:
+        run = load_run(paths[0])
+        cmp = compare_modes(run.records, m, baseline, fail_pct)
+        cmp.env_summary = env_summary(run.env)
+        return cmp
+    if baseline is not None:
+        resolved = [Path(p).resolve() for p in paths]
+        b = Path(baseline).resolve()
+        if b in resolved:
+            paths.insert(0, paths.pop(resolved.index(b)))
+        elif Path(baseline).is_file() or not Path(baseline).suffix == "":
+            paths.insert(0, baseline)  # load() reports a missing file as one line
+        else:
+            raise UsageError(f"--baseline '{baseline}': with several files the baseline is a "
+                             f"results file, not a mode")
+    runs = [load_run(p, lab) for p, lab in zip(paths, labels_for(paths))]
+    cmp = compare_runs(runs, m, fail_pct)
+    cmp.env_summary = env_summary(runs[0].env)
+    return cmp

@@ -1,0 +1,118 @@
+"""Results files -> pandas.DataFrame, and export to CSV / markdown.
+
+    >>> import fusebench
+    >>> df = fusebench.load_results(["results/a.json", "results/b.json"])
+    >>> df.groupby(["model", "mode"])["step_ms.median"].min()
+
+One row per record. Nested fields are flattened with dots (step_ms.median, correctness.passed,
+error.type); extra record keys (kernel family/impl/shape, world_size, telemetry) become their own
+columns; the run's environment is flattened into columns prefixed "env." (env.torch.version,
+env.cpu.model, ...); "file" says which document a row came from.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusebench.results import load
+
+# Columns of the compact (markdown) export, in this order, when present.
+SUMMARY_COLUMNS = ("model", "mode", "impl", "bench", "batch_size", "img_size", "channels_last",
+                   "dtype", "device", "status", "throughput", "step_ms.median", "step_ms.iqr",
+                   "step_ms.n", "compile_s", "peak_mem_bytes", "activation_bytes", "gbps",
+                   "correctness.passed", "n_events", "error.type")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "", out: dict[str, Any] | None = None,
+             keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay lists; keys in `keep` are not descended into."""
+    out = {} if out is None else out
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key not in keep and v:
+            _flatten(v, key + ".", out, keep)
+        else:
+            out[key] = v
+    return out
+
+
+def _record_row(rec: dict[str, Any]) -> dict[str, Any]:
+    rec = dict(rec)
+    events = rec.pop("events", None) or []
+    row = _flatten(rec, keep=("cell",))
+    for k in ("step_ms", "correctness", "error"):
+        if rec.get(k) is None:   # keep absent sub-objects from vanishing as one None column
+            row.pop(k, None)
+    row["events"] = events
+    row["n_events"] = sum(int(e.get("count", 1)) for e in events if isinstance(e, dict))
+    return row
+
+
+def _env_columns(env: dict[str, Any]) -> dict[str, Any]:
+    cols = _flatten(env or {}, "env.")
+    devices = (env or {}).get("gpus", {}).get("devices") if isinstance(env, dict) else None
+    if isinstance(devices, list):
+        cols["env.gpus.names"] = ", ".join(str(d.get("name", "?")) for d in devices
+                                           if isinstance(d, dict))
+    return cols
+
+
+def _paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(paths, (str, Path)):
+        return [Path(paths)]
+    return [Path(p) for p in paths]
+
+
+def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """One row per record of every file; see the module docstring for the columns."""
+    rows = []
+    for p in _paths(paths):
+        doc = load(p)
+        env = _env_columns(doc.get("env") or {})
+        base = {"file": str(p), "created": doc.get("created")}
+        for rec in doc["records"]:
+            rows.append({**base, **_record_row(rec), **env})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    # record columns first, env columns last, in first-seen order
+    cols = [c for c in df.columns if not c.startswith("env.")] + \
+           [c for c in df.columns if c.startswith("env.")]
+    return df[cols]
+
+
+def _cell_text(v: Any) -> Any:
+    """Lists/dicts as JSON so CSV cells stay one value each."""
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(v, default=str)
+    return v
+
+
+def to_csv(df: pd.DataFrame) -> str:
+    return df.map(_cell_text).to_csv(index=False)
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(_cell_text(v))
+
+
+def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
+    """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
+    from fusebench.report_compare import markdown_table
+
+    cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
+    if df.empty or not cols:
+        return markdown_table(cols or ["(no records)"], [])
+    rows = [[_fmt(v) for v in rec] for rec in df[cols].itertuples(index=False, name=None)]
+    return markdown_table(cols, rows)
+
+
+EXPORTERS = {"csv": to_csv, "markdown": to_markdown}

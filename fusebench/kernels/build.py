@@ -1,0 +1,113 @@
+"""Lazy C++ extension builds shared by the kernel families, cached on disk.
+
+`load_extension(name, sources)` builds once per (sources, flags, torch, CPU) and reuses the
+build on later calls and in later processes: ninja skips up-to-date objects in a stable
+build_directory under $FUSEBENCH_CACHE (default ~/.cache/fusebench). A build that fails is
+remembered for the process so the cost (and the compiler's error) is paid once; the reason is
+a short line the caller turns into a fallback event."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+# -O3 + -march=native: the inner loops over H*W / C are written for the auto-vectoriser;
+# -fopenmp: at::parallel_for is a header template that only parallelises under OpenMP, and
+# `#pragma omp simd` needs it too (libgomp.so.1 resolves to the one torch already loaded).
+DEFAULT_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17")
+DEFAULT_LDFLAGS = ("-fopenmp",)
+
+
+class BuildError(RuntimeError):
+    """A bundled C++ kernel could not be built here (no compiler, no ninja, compile error)."""
+
+
+_lock = threading.Lock()
+_failed: dict[str, str] = {}
+
+
+def cache_root() -> Path:
+    root = os.environ.get("FUSEBENCH_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fusebench")
+    return Path(root)
+
+
+def toolchain_reason() -> str:
+    """'' when a C++ compiler and ninja are on PATH, else why not (cheap: no build)."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not on PATH)"
+    if shutil.which("ninja") is None:
+        return "ninja is not installed (pip install ninja)"
+    return ""
+
+
+def build_reason(name: str) -> str:
+    """'' if `name` may be built (toolchain present, no earlier failure), else the reason."""
+    return _failed.get(name) or toolchain_reason()
+
+
+def _cpu_flags() -> str:
+    # -march=native objects must not be reused on a CPU with fewer instructions.
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _fingerprint(sources: list[Path], cflags: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for s in sources:
+        h.update(s.read_bytes())
+    for part in (*cflags, torch.__version__, sys.version, _cpu_flags()):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _load(name: str, sources: tuple[str, ...], cflags: tuple[str, ...], ldflags: tuple[str, ...]):
+    from torch.utils import cpp_extension
+
+    paths = [Path(s) for s in sources]
+    build_dir = cache_root() / "ext" / f"{name}-{_fingerprint(paths, cflags)}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # torch takes a file lock inside build_dir, so concurrent workers build once and share it.
+    return cpp_extension.load(name=name, sources=[str(p) for p in paths],
+                              extra_cflags=list(cflags), extra_ldflags=list(ldflags),
+                              build_directory=str(build_dir), verbose=False)
+
+
+def load_extension(name: str, sources: list[str | Path], *, cflags=DEFAULT_CFLAGS,
+                   ldflags=DEFAULT_LDFLAGS):
+    """The built module, or BuildError with a one-line reason (remembered for this process)."""
+    with _lock:
+        reason = build_reason(name)
+        if reason:
+            raise BuildError(f"cannot build {name}: {reason}")
+        try:
+            return _load(name, tuple(str(s) for s in sources), tuple(cflags), tuple(ldflags))
+        except Exception as e:  # compiler/linker errors arrive as RuntimeError/CalledProcessError
+            msg = _short(e)
+            _failed[name] = f"build failed: {msg}"
+            raise BuildError(f"cannot build {name}: {msg}") from e
+
+
+def _short(e: Exception) -> str:
+    """The first compiler 'error:' line if there is one, else the exception's first line."""
+    text = str(e)
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.strip()[:300]
+    lines = text.strip().splitlines()
+    return f"{e.__class__.__name__}: {lines[0][:300] if lines else ''}"

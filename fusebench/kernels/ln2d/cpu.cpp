@@ -1,0 +1,295 @@
+// LN2d on CPU: LayerNorm over the channel dim of an (N, C, H, W) tensor, forward + fused backward.
+//
+// NCHW memory: a task is one sample n and a block of kBlock positions along H*W. Its C x kBlock
+// tile (96 x 64 floats = 24 KiB) stays in L1, so x is read from memory once: a Welford pass over
+// C gives mean/M2 per position (lanes along H*W, contiguous -> vectorised), a second pass over
+// the cached tile writes y. Backward does the same with x and dy: one pass for the two channel
+// sums and the dweight/dbias partials, a second (cached) pass writes dx.
+// Channels-last memory (NHWC): each position's C values are contiguous; two-pass over the
+// L1-resident row, vectorised along C.
+// Shift: statistics are taken of x - x[:, 0] (the first channel at the same position), so an
+// input with a large mean (1e4 + noise) keeps its precision: the subtraction of nearby floats is
+// exact. The saved `mean` is that shifted mean; backward re-reads x[:, 0] to undo it.
+// Accumulation is in float for float/bfloat16 inputs, double for double. dweight/dbias partials
+// are per chunk (fixed chunking, so results are deterministic) and summed at the end.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 64;  // H*W positions per task: 4 AVX-512 vectors; C x kBlock in L1
+
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
+// Split [0, n) into at most `parts` fixed chunks; fn(chunk_index, begin, end) runs in parallel.
+template <typename F>
+void parallel_chunks(int64_t n, int64_t parts, const F& fn) {
+  parts = std::max<int64_t>(1, std::min(parts, n));
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p, p * n / parts, (p + 1) * n / parts);
+  });
+}
+
+// ---------------------------------------------------------------- NCHW
+template <typename T, typename A>
+void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t N, int64_t C,
+              int64_t HW, double eps) {
+  const int64_t nblk = (HW + kBlock - 1) / kBlock;
+  at::parallel_for(0, N * nblk, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) A k[kBlock], m[kBlock], m2[kBlock];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / nblk, hw0 = (t % nblk) * kBlock;
+      const int64_t L = std::min(kBlock, HW - hw0);
+      const T* xn = x + n * C * HW + hw0;
+      T* yn = y + n * C * HW + hw0;
+      for (int64_t i = 0; i < L; ++i) { k[i] = static_cast<A>(xn[i]); m[i] = 0; m2[i] = 0; }
+      for (int64_t c = 0; c < C; ++c) {  // Welford over channels, one lane per position
+        const T* xc = xn + c * HW;
+        const A inv = A(1) / A(c + 1);
+#pragma omp simd
+        for (int64_t i = 0; i < L; ++i) {
+          const A v = static_cast<A>(xc[i]) - k[i];
+          const A d = v - m[i];
+          m[i] += d * inv;
+          m2[i] += d * (v - m[i]);
+        }
+      }
+      A* mo = mean + n * HW + hw0;
+      A* ro = rstd + n * HW + hw0;
+      for (int64_t i = 0; i < L; ++i) {
+        m2[i] = A(1) / std::sqrt(m2[i] / A(C) + A(eps));  // m2 now holds rstd
+        mo[i] = m[i];
+        ro[i] = m2[i];
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        const T* xc = xn + c * HW;
+        T* yc = yn + c * HW;
+        const A wc = w[c], bc = b[c];
+#pragma omp simd
+        for (int64_t i = 0; i < L; ++i)
+          yc[i] = static_cast<T>((static_cast<A>(xc[i]) - k[i] - m[i]) * m2[i] * wc + bc);
+      }
+    }
+  });
+}
+
+template <typename T, typename A>
+void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w, T* dx, A* dw,
+              A* db, int64_t N, int64_t C, int64_t HW) {
+  const int64_t nblk = (HW + kBlock - 1) / kBlock;
+  const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
+  const A invC = A(1) / A(C);
+  parallel_chunks(N * nblk, parts, [&](int64_t p, int64_t t0, int64_t t1) {
+    alignas(64) A kk[kBlock], mm[kBlock], rr[kBlock], sg[kBlock], sgx[kBlock];
+    A* dwp = pdw.data() + p * C;
+    A* dbp = pdb.data() + p * C;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / nblk, hw0 = (t % nblk) * kBlock;
+      const int64_t L = std::min(kBlock, HW - hw0);
+      const int64_t off = n * C * HW + hw0;
+      for (int64_t i = 0; i < L; ++i) {
+        kk[i] = static_cast<A>(x[off + i]);  // the shift: channel 0
+        mm[i] = mean[n * HW + hw0 + i];
+        rr[i] = rstd[n * HW + hw0 + i];
+        sg[i] = 0;
+        sgx[i] = 0;
+      }
+      for (int64_t c = 0; c < C; ++c) {  // channel sums of g = dy*w and g*xhat; dw/db partials
+        const T* xc = x + off + c * HW;
+        const T* dyc = dy + off + c * HW;
+        const A wc = w[c];
+        A sdw = 0, sdb = 0;
+#pragma omp simd reduction(+ : sdw, sdb)
+        for (int64_t i = 0; i < L; ++i) {
+          const A xh = (static_cast<A>(xc[i]) - kk[i] - mm[i]) * rr[i];
+          const A d = static_cast<A>(dyc[i]);
+          sg[i] += d * wc;
+          sgx[i] += d * wc * xh;
+          sdw += d * xh;
+          sdb += d;
+        }
+        dwp[c] += sdw;
+        dbp[c] += sdb;
+      }
+      for (int64_t i = 0; i < L; ++i) { sg[i] *= invC; sgx[i] *= invC; }
+      for (int64_t c = 0; c < C; ++c) {  // dx = rstd * (g - mean_c(g) - xhat * mean_c(g*xhat))
+        const T* xc = x + off + c * HW;
+        const T* dyc = dy + off + c * HW;
+        T* dxc = dx + off + c * HW;
+        const A wc = w[c];
+#pragma omp simd
+        for (int64_t i = 0; i < L; ++i) {
+          const A xh = (static_cast<A>(xc[i]) - kk[i] - mm[i]) * rr[i];
+          dxc[i] = static_cast<T>(rr[i] * (static_cast<A>(dyc[i]) * wc - sg[i] - xh * sgx[i]));
+        }
+      }
+    }
+  });
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t c = 0; c < C; ++c) { dw[c] += pdw[p * C + c]; db[c] += pdb[p * C + c]; }
+}
+
+// ---------------------------------------------------------------- channels-last (NHWC memory)
+template <typename T, typename A>
+void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t rows, int64_t C,
+              double eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      const A k = static_cast<A>(xr[0]);
+      A s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; ++c) s += static_cast<A>(xr[c]) - k;
+      const A m = s / A(C);
+      A v = 0;  // second pass over the L1-resident row: numerically stable variance
+#pragma omp simd reduction(+ : v)
+      for (int64_t c = 0; c < C; ++c) {
+        const A d = static_cast<A>(xr[c]) - k - m;
+        v += d * d;
+      }
+      const A rs = A(1) / std::sqrt(v / A(C) + A(eps));
+      mean[r] = m;
+      rstd[r] = rs;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c)
+        yr[c] = static_cast<T>((static_cast<A>(xr[c]) - k - m) * rs * w[c] + b[c]);
+    }
+  });
+}
+
+template <typename T, typename A>
+void bwd_nhwc(const T* dy, const T* x, const A* mean, const A* rstd, const A* w, T* dx, A* dw,
+              A* db, int64_t rows, int64_t C) {
+  const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
+  const A invC = A(1) / A(C);
+  parallel_chunks(rows, parts, [&](int64_t p, int64_t r0, int64_t r1) {
+    A* dwp = pdw.data() + p * C;
+    A* dbp = pdb.data() + p * C;
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * C;
+      const T* dyr = dy + r * C;
+      T* dxr = dx + r * C;
+      const A k = static_cast<A>(xr[0]), m = mean[r], rs = rstd[r];
+      A sg = 0, sgx = 0;
+#pragma omp simd reduction(+ : sg, sgx)
+      for (int64_t c = 0; c < C; ++c) {
+        const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
+        const A d = static_cast<A>(dyr[c]);
+        sg += d * w[c];
+        sgx += d * w[c] * xh;
+        dwp[c] += d * xh;
+        dbp[c] += d;
+      }
+      sg *= invC;
+      sgx *= invC;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
+        dxr[c] = static_cast<T>(rs * (static_cast<A>(dyr[c]) * w[c] - sg - xh * sgx));
+      }
+    }
+  });
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t c = 0; c < C; ++c) { dw[c] += pdw[p * C + c]; db[c] += pdb[p * C + c]; }
+}
+
+// ---------------------------------------------------------------- checks + dispatch
+enum class Layout { NCHW, NHWC };
+
+Layout pick_layout(const at::Tensor& x) {
+  if (x.is_contiguous()) return Layout::NCHW;
+  if (x.is_contiguous(at::MemoryFormat::ChannelsLast)) return Layout::NHWC;
+  TORCH_CHECK(false, "internal: x must be made dense before dispatch");
+}
+
+at::MemoryFormat fmt(Layout l) {
+  return l == Layout::NCHW ? at::MemoryFormat::Contiguous : at::MemoryFormat::ChannelsLast;
+}
+
+void check_input(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  TORCH_CHECK(x.device().is_cpu(), "ln2d cpu: x must be a CPU tensor, got ", x.device());
+  TORCH_CHECK(x.dim() == 4, "ln2d cpu: x must be 4-D (N, C, H, W), got ", x.dim(), "-D");
+  const auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16,
+              "ln2d cpu: unsupported dtype ", st, " (supported: float32, float64, bfloat16)");
+  TORCH_CHECK(x.size(1) > 0, "ln2d cpu: C must be >= 1");
+  TORCH_CHECK(w.numel() == x.size(1) && b.numel() == x.size(1),
+              "ln2d cpu: weight and bias must have C=", x.size(1), " elements, got ", w.numel(),
+              " and ", b.numel());
+}
+
+at::ScalarType acc_type(at::ScalarType st) { return st == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::vector<at::Tensor> forward(at::Tensor x, at::Tensor w, at::Tensor b, double eps) {
+  check_input(x, w, b);
+  if (!x.is_contiguous() && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) x = x.contiguous();
+  const Layout lay = pick_layout(x);
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  const auto at_ = acc_type(x.scalar_type());
+  auto wa = w.to(at_).contiguous(), ba = b.to(at_).contiguous();
+  auto y = at::empty_like(x, x.options(), fmt(lay));
+  auto mean = at::empty({N, HW}, x.options().dtype(at_));
+  auto rstd = at::empty({N, HW}, x.options().dtype(at_));
+  if (x.numel() == 0) return {y, mean, rstd};
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "ln2d_cpu_fwd", [&] {
+    using A = typename AccOf<scalar_t>::type;
+    if (lay == Layout::NCHW)
+      fwd_nchw<scalar_t, A>(x.const_data_ptr<scalar_t>(), wa.const_data_ptr<A>(),
+                            ba.const_data_ptr<A>(), y.mutable_data_ptr<scalar_t>(),
+                            mean.mutable_data_ptr<A>(), rstd.mutable_data_ptr<A>(), N, C, HW, eps);
+    else
+      fwd_nhwc<scalar_t, A>(x.const_data_ptr<scalar_t>(), wa.const_data_ptr<A>(),
+                            ba.const_data_ptr<A>(), y.mutable_data_ptr<scalar_t>(),
+                            mean.mutable_data_ptr<A>(), rstd.mutable_data_ptr<A>(), N * HW, C,
+                            eps);
+  });
+  return {y, mean, rstd};
+}
+
+std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor mean, at::Tensor rstd,
+                                 at::Tensor w) {
+  TORCH_CHECK(dy.sizes() == x.sizes(), "ln2d cpu: dy and x shapes differ");
+  if (!x.is_contiguous() && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) x = x.contiguous();
+  const Layout lay = pick_layout(x);
+  dy = dy.to(x.scalar_type()).contiguous(fmt(lay));  // dy in x's layout, so one index serves both
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  const auto at_ = acc_type(x.scalar_type());
+  auto wa = w.to(at_).contiguous();
+  auto dx = at::empty_like(x, x.options(), fmt(lay));
+  auto dw = at::zeros({C}, x.options().dtype(at_));
+  auto db = at::zeros({C}, x.options().dtype(at_));
+  if (x.numel() == 0) return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type())};
+  mean = mean.contiguous();
+  rstd = rstd.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "ln2d_cpu_bwd", [&] {
+    using A = typename AccOf<scalar_t>::type;
+    if (lay == Layout::NCHW)
+      bwd_nchw<scalar_t, A>(dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                            mean.const_data_ptr<A>(), rstd.const_data_ptr<A>(),
+                            wa.const_data_ptr<A>(), dx.mutable_data_ptr<scalar_t>(),
+                            dw.mutable_data_ptr<A>(), db.mutable_data_ptr<A>(), N, C, HW);
+    else
+      bwd_nhwc<scalar_t, A>(dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                            mean.const_data_ptr<A>(), rstd.const_data_ptr<A>(),
+                            wa.const_data_ptr<A>(), dx.mutable_data_ptr<scalar_t>(),
+                            dw.mutable_data_ptr<A>(), db.mutable_data_ptr<A>(), N * HW, C);
+  });
+  return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type())};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "LN2d forward: (y, mean, rstd)");
+  m.def("backward", &backward, "LN2d backward: (dx, dweight, dbias)");
+}

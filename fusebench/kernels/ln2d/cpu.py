@@ -1,0 +1,66 @@
+"""`cpu`: the C++/OpenMP LN2d kernel (cpu.cpp), built on first use and cached on disk."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fusebench.kernels.build import BuildError, build_reason, load_extension
+from fusebench.kernels.registry import register_impl
+
+EXT_NAME = "fusebench_ln2d_cpu"
+SOURCE = Path(__file__).with_name("cpu.cpp")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def extension():
+    """The built module (forward/backward); BuildError says why it could not be built."""
+    return load_extension(EXT_NAME, [SOURCE])
+
+
+def available(device: str = "cpu") -> tuple[bool, str]:
+    if not str(device).startswith("cpu"):
+        return False, f"the cpu kernel runs on CPU tensors only (device {device})"
+    reason = build_reason(EXT_NAME)
+    return (False, reason) if reason else (True, "")
+
+
+def build() -> tuple[bool, str]:
+    """Build now (the first call costs ~40 s, later ones reuse the disk cache)."""
+    try:
+        extension()
+    except BuildError as e:
+        return False, str(e)
+    return True, ""
+
+
+def _check(x: torch.Tensor) -> None:
+    if x.dtype not in DTYPES:
+        raise TypeError(f"ln2d cpu: unsupported dtype {x.dtype} (supported: "
+                        f"{', '.join(str(d).replace('torch.', '') for d in DTYPES)})")
+    if x.device.type != "cpu":
+        raise ValueError(f"ln2d cpu: x must be a CPU tensor, got {x.device}")
+
+
+class LN2dCpuFunction(torch.autograd.Function):
+    """Saves x (the input) and the per-position mean/rstd (N*H*W floats each); nothing else."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = extension().forward(x, weight, bias, float(eps))
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = extension().backward(dy, x, mean, rstd, weight)
+        return dx, dw, db, None
+
+
+@register_impl("ln2d", "cpu", available=available)
+def ln2d_cpu(x, weight, bias, eps: float):
+    """C++/OpenMP kernel: one Welford pass over NCHW, fused backward, NCHW + channels-last."""
+    _check(x)
+    return LN2dCpuFunction.apply(x, weight, bias, eps)

@@ -1,0 +1,260 @@
+"""Where a model comes from: the zoo, a user file (`path/to/file.py:factory`) or timm.
+
+`resolve_model(text)` is cheap (nothing is built) and reports bad input as a UsageError with one
+clear line; `ModelSource.build(**kwargs)` makes the nn.Module.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.nn as nn
+
+from fusebench.errors import UsageError, unknown_name
+
+DEFAULT_INPUT_SIZE = (3, 224, 224)   # for user/timm models that do not say
+ZOO_MIN_SIZE = 32                    # zoo models downsample by 32
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str                        # what the user typed, e.g. "convnext_tiny", "m.py:make"
+    kind: str                        # "zoo" | "file" | "timm"
+    factory: Callable = field(repr=False, compare=False, default=None)
+    default_input_size: tuple[int, int, int] | None = None   # zoo/timm: train size
+    infer_input_size: tuple[int, int, int] | None = None
+    family: str = ""
+    description: str = ""
+
+    @property
+    def min_size(self) -> int:
+        """Smallest --img-size the model accepts (1 where we cannot tell)."""
+        if self.kind == "zoo":
+            return ZOO_MIN_SIZE
+        return int(getattr(self.factory, "min_size", 1))
+
+    def build(self, **kwargs) -> nn.Module:
+        if self.kind == "timm":
+            import timm
+            return timm.create_model(self.name.split(":", 1)[1], pretrained=False, **kwargs)
+        try:
+            model = self.factory(**kwargs)
+        except UsageError:
+            raise
+        except TypeError as e:
+            if "keyword argument" in str(e):        # a kwarg the factory does not take
+                raise UsageError(f"model '{self.name}': {e}") from e
+            if self.kind == "zoo":
+                raise
+            raise UsageError(f"model '{self.name}' failed to build: {_one_line(e)}") from e
+        except Exception as e:
+            if self.kind == "zoo":                  # our bug: keep the traceback
+                raise
+            raise UsageError(f"model '{self.name}' failed to build: {_one_line(e)}") from e
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model '{self.name}': factory returned {type(model).__name__}, "
+                             f"not an nn.Module")
+        return model
+
+    def input_size(self, bench: str, img_size: int | None = None,
+                   model: nn.Module | None = None) -> tuple[int, int, int]:
+        """(C, H, W) for `bench` ("train"/"infer"); img_size overrides H and W.
+
+        For user files an `input_size` attribute on the built `model` (if given) or on the
+        factory function wins over the (3, 224, 224) default.
+        """
+        size = self._default_size(bench, model)
+        if img_size is None:
+            return size
+        self.validate_img_size(img_size)
+        return (size[0], img_size, img_size)
+
+    def _default_size(self, bench: str, model: nn.Module | None) -> tuple[int, int, int]:
+        if self.kind == "file":
+            for owner in (model, self.factory):
+                s = getattr(owner, "input_size", None) if owner is not None else None
+                if s is not None:
+                    return _check_size(self.name, s)
+            return DEFAULT_INPUT_SIZE
+        if bench != "train" and self.infer_input_size is not None:
+            return self.infer_input_size
+        return self.default_input_size or DEFAULT_INPUT_SIZE
+
+    def validate_img_size(self, size: int) -> None:
+        if size <= 0:
+            raise UsageError(f"--img-size must be positive, got {size}")
+        if size < self.min_size:
+            raise UsageError(f"{self.name} needs --img-size >= {self.min_size}, got {size}")
+
+
+def resolve_model(text: str) -> ModelSource:
+    text = text.strip()
+    if text.startswith("timm:"):
+        return _resolve_timm(text)
+    if ":" in text or text.endswith(".py"):
+        return _resolve_file(text)
+    return _resolve_zoo(text)
+
+
+def _resolve_zoo(name: str) -> ModelSource:
+    from fusebench.models import get_model_info
+    info = get_model_info(name)              # unknown -> UsageError with close matches
+    return ModelSource(name, "zoo", info.factory, info.input_size("train"),
+                       info.input_size("infer"), info.family, info.description)
+
+
+def _resolve_file(text: str) -> ModelSource:
+    path_text, sep, attr = text.rpartition(":")
+    if not sep or not attr or not path_text:
+        raise UsageError(f"model '{text}': expected path/to/file.py:factory")
+    path = Path(path_text).expanduser()
+    if path.suffix != ".py":
+        raise UsageError(f"model file '{path_text}' is not a .py file")
+    if not path.is_file():
+        raise UsageError(f"model file '{path_text}' not found")
+    module = _import_file(path)
+    if not hasattr(module, attr):
+        # offer the functions/classes the file itself defines, not what it imported
+        own = [n for n, v in vars(module).items()
+               if callable(v) and getattr(v, "__module__", None) == module.__name__]
+        if not own:
+            raise UsageError(f"no '{attr}' in {path_text} (it defines no functions or classes)")
+        raise unknown_name(f"factory in {path_text}:", [attr], own)
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise UsageError(f"'{attr}' in {path_text} is a {type(factory).__name__}, not callable")
+    doc = (getattr(factory, "__doc__", None) or "").strip().split("\n")[0]
+    return ModelSource(text, "file", factory, family="file", description=doc)
+
+
+def _import_file(path: Path):
+    """Import a user's .py file under a unique module name (two files named model.py coexist)."""
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    mod_name = f"fusebench_user_{resolved.stem}_{digest}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, resolved)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import model file '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module          # dataclasses/pickling in the file need this
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        del sys.modules[mod_name]
+        raise UsageError(f"syntax error in {path} line {e.lineno}: {e.msg}") from None
+    except Exception as e:
+        del sys.modules[mod_name]
+        raise UsageError(f"importing {path} failed: {_one_line(e)}") from e
+    return module
+
+
+def _resolve_timm(text: str) -> ModelSource:
+    name = text.split(":", 1)[1].strip()
+    if not name:
+        raise UsageError("expected timm:MODEL_NAME, e.g. timm:resnet50")
+    try:
+        import timm
+    except ImportError:
+        raise UsageError("timm is not installed; pip install timm") from None
+    if not timm.is_model(name):
+        raise unknown_name("timm model", [name], timm.list_models())
+    train = infer = None
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except Exception:            # older timm: sizes come from the built model instead
+        cfg = None
+    if cfg is not None:
+        train = tuple(cfg.input_size)
+        infer = tuple(cfg.test_input_size) if cfg.test_input_size else train
+    return ModelSource(text, "timm", None, train, infer, family="timm")
+
+
+def _check_size(name: str, s) -> tuple[int, int, int]:
+    try:
+        c, h, w = (int(v) for v in s)
+    except (TypeError, ValueError):
+        raise UsageError(f"model '{name}': input_size must be (C, H, W), got {s!r}") from None
+    return (c, h, w)
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
+
+
+# ----- kwargs from the command line -----------------------------------------------------------
+
+def parse_model_kwargs(items: Iterable[str] | None) -> dict[str, str]:
+    """['ln_impl=sqm', 'num_classes=10'] -> {'ln_impl': 'sqm', 'num_classes': '10'}."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"malformed --model-kwarg '{item}': expected KEY=VALUE")
+        if key in out:
+            raise UsageError(f"--model-kwarg '{key}' given twice")
+        out[key] = value.strip()
+    return out
+
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def coerce_kwargs(factory: Callable | None, kwargs: dict[str, str]) -> dict:
+    """Turn CLI strings into the types the factory expects.
+
+    The type comes from the parameter's default (bool/int/float/str); otherwise the string is
+    read as a Python literal, or kept as a string. Unknown keys are a UsageError unless the
+    factory takes **kwargs (or is None: unknown signature, e.g. timm).
+    """
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):          # builtins without a signature: best effort
+        params = {}
+    var_kw = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown and not var_kw:
+        raise unknown_name("model kwarg", unknown, accepted)
+    out = {}
+    for key, text in kwargs.items():
+        default = params[key].default if key in params else inspect.Parameter.empty
+        out[key] = _coerce(key, text, default)
+    return out
+
+
+def _coerce(key: str, text: str, default):
+    if not isinstance(text, str):
+        return text
+    if isinstance(default, bool):
+        low = text.lower()
+        if low in _TRUE | _FALSE:
+            return low in _TRUE
+        raise UsageError(f"model kwarg {key} expects true/false, got '{text}'")
+    if isinstance(default, (int, float)):
+        kind = type(default)
+        try:
+            return kind(text)
+        except ValueError:
+            try:                            # "1e-3" for a float, "10.0" for an int
+                value = float(text)
+            except ValueError:
+                value = None
+            if value is not None and (kind is float or value.is_integer()):
+                return kind(value)
+            raise UsageError(f"model kwarg {key} expects {kind.__name__}, got '{text}'") from None
+    if isinstance(default, str):
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

@@ -1,0 +1,125 @@
+"""CLI arguments -> list[CellSpec]. Every check of user input that needs no worker lives here,
+so bad input fails before anything runs or is written."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from fusebench.errors import UsageError
+from fusebench.registry import parse_int_list, parse_list
+from fusebench.spec import CellSpec
+
+BENCHES = ("train", "infer")
+DTYPES = ("float32", "bfloat16", "float16")
+MAX_SIZE = 8192        # a bigger side length is a typo, not a benchmark
+MAX_BATCH = 1 << 16
+QUICK = dict(batch=4, img=96, warmup=2, steps=5)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    models: str
+    modes: str = "all"
+    bench: str = "train"
+    batch_sizes: str | None = None
+    img_sizes: str | None = None
+    channels_last: bool = False
+    dtype: str = "float32"
+    amp: bool = False
+    device: str = "auto"
+    warmup: int | None = None
+    steps: int | None = None
+    quick: bool = False
+    seed: int = 0
+    timeout: float = 900.0
+    check: bool = True
+    model_kwargs: tuple[str, ...] = ()
+    mode_options: dict = field(default_factory=dict)
+
+
+def resolve_device(text: str) -> str:
+    text = text.strip().lower()
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda" or text.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: no CUDA device available (this torch build: "
+                             f"{'CPU-only' if torch.version.cuda is None else 'CUDA ' + torch.version.cuda})")
+        idx = text.partition(":")[2]
+        if idx:
+            if not idx.isdigit() or int(idx) >= torch.cuda.device_count():
+                raise UsageError(f"--device {text}: there are {torch.cuda.device_count()} "
+                                 f"CUDA device(s)")
+        return text
+    raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got '{text}'")
+
+
+def parse_kwargs(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--model-kwarg expects KEY=VALUE, got '{item}'")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def plan_run(req: RunRequest) -> list[CellSpec]:
+    from fusebench.models.source import coerce_kwargs, resolve_model
+    from fusebench.modes import MODES, list_modes
+    from fusebench.modes.options import check_option_values
+    from fusebench.plugins import load_plugins
+
+    load_plugins()
+    if req.bench not in (*BENCHES, "both"):
+        raise UsageError(f"--bench must be train, infer or both, got '{req.bench}'")
+    if req.dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got '{req.dtype}'")
+    if req.amp and req.dtype != "float32":
+        raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
+    if req.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {req.timeout:g}")
+    device = resolve_device(req.device)
+    if device == "cpu" and req.dtype == "float16":
+        raise UsageError("--dtype float16 is not supported for training on CPU; use bfloat16")
+
+    sources = [resolve_model(m) for m in parse_list(req.models, "model")]
+    registered = list_modes()
+    mode_names = registered if req.modes.strip() == "all" else parse_list(req.modes, "mode")
+    for m in MODES.resolve(mode_names):     # all unknown names reported at once
+        check_option_values(m, req.mode_options)
+    if "eager" in mode_names:   # eager first: the baseline every speedup divides by
+        mode_names = ["eager"] + [m for m in mode_names if m != "eager"]
+
+    batches = (parse_int_list(req.batch_sizes, "batch size", maximum=MAX_BATCH)
+               if req.batch_sizes else [QUICK["batch"] if req.quick else 32])
+    sizes = (parse_int_list(req.img_sizes, "image size", maximum=MAX_SIZE)
+             if req.img_sizes else [QUICK["img"] if req.quick else None])
+    warmup = req.warmup if req.warmup is not None else (QUICK["warmup"] if req.quick else 5)
+    steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else 20)
+    if warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {warmup}")
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    kwargs = parse_kwargs(req.model_kwargs)
+    benches = BENCHES if req.bench == "both" else (req.bench,)
+    options = tuple(sorted((k, v) for k, v in req.mode_options.items() if v is not None))
+
+    specs = []
+    for src, bench, batch, size in itertools.product(sources, benches, batches, sizes):
+        coerce_kwargs(src, kwargs)           # unknown kwargs fail here, not in every worker
+        if size is not None:
+            src.validate_img_size(size)
+        for mode in mode_names:
+            specs.append(CellSpec(
+                model=src.name, mode=mode, bench=bench, batch_size=batch,
+                img_size=size,          # None: the worker uses the model's default
+                channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
+                warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
+                    kwargs.items())), mode_options=options, timeout=req.timeout,
+                check=req.check))
+    return specs

@@ -1,0 +1,285 @@
+"""Figures from results files: one function per kind, kept in PLOTS. Headless (Agg).
+
+Every figure has a title, axis labels with units and the environment in a footnote; it is written
+to a temp file in the target folder and renamed, so a failed plot never leaves half a file.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on benchmark machines; set before pyplot import
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fusebench import compare as C  # noqa: E402
+from fusebench.env import env_differences, env_summary  # noqa: E402
+from fusebench.errors import UsageError  # noqa: E402
+from fusebench.spec import Record  # noqa: E402
+
+FORMATS = (".png", ".svg", ".pdf")
+DPI = 150  # crisp enough for slides, small enough to paste in an issue
+
+
+# --- shared pieces ------------------------------------------------------------------------------
+def _ok(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if r.status == "ok"]
+
+
+def _cell_name(r: Record, many_configs: bool) -> str:
+    return f"{r.model}\n{C.config_label(r)}" if many_configs else r.model
+
+
+def _footnote(fig, runs: Sequence[C.Run]) -> None:
+    text = env_summary(runs[0].env)
+    if len(runs) > 1 and any(env_differences(runs[0].env, r.env) for r in runs[1:]):
+        text += "  (runs differ in environment: see fusebench compare)"
+    fig.text(0.01, 0.01, text, fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
+                  err: dict[str, dict[str, tuple[float, float]]] | None = None) -> None:
+    """Bars: one group per x label, one bar per series; err gives (low, high) whisker ends."""
+    names = list(series)
+    width = 0.8 / max(len(names), 1)
+    x = np.arange(len(groups))
+    for i, name in enumerate(names):
+        ys = np.array([series[name].get(g, np.nan) for g in groups], dtype=float)
+        pos = x - 0.4 + width * (i + 0.5)
+        yerr = None
+        if err is not None:
+            lo = np.array([err[name].get(g, (np.nan, np.nan))[0] for g in groups], dtype=float)
+            hi = np.array([err[name].get(g, (np.nan, np.nan))[1] for g in groups], dtype=float)
+            yerr = np.vstack([np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)])
+            yerr = np.nan_to_num(yerr)
+        ax.bar(pos, np.nan_to_num(ys), width, label=name, yerr=yerr, capsize=3 if yerr is not None
+               else 0, error_kw={"elinewidth": 1})
+    ax.set_xticks(x, groups, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    if len(names) > 1:
+        ax.legend(fontsize=8)
+
+
+def _label(run: C.Run, many_runs: bool, name: str) -> str:
+    return f"{name} · {run.label}" if many_runs else name
+
+
+# --- kinds --------------------------------------------------------------------------------------
+def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
+    """Per-model grouped bars of each mode's speedup over eager, 95% CI whiskers, line at 1."""
+    series: dict[str, dict[str, float]] = {}
+    err: dict[str, dict[str, tuple[float, float]]] = {}
+    groups: list[str] = []
+    baseline = None
+    for run in runs:
+        recs = run.records
+        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        cmp = C.compare_modes(recs, C.METRICS["throughput"])
+        baseline = cmp.baseline
+        for row in cmp.rows:
+            if row.baseline or row.ratio is None:
+                continue
+            g = f"{row.model}\n{row.config}" if many_cfg else row.model
+            if g not in groups:
+                groups.append(g)
+            name = _label(run, len(runs) > 1, row.variant)
+            series.setdefault(name, {})[g] = row.ratio.gain
+            lo = row.ratio.low if row.ratio.has_ci else row.ratio.gain
+            hi = row.ratio.high if row.ratio.has_ci else row.ratio.gain
+            err.setdefault(name, {})[g] = (lo, hi)
+    if not groups:
+        raise UsageError("nothing to plot: no mode with a successful baseline to compare to")
+    _grouped_bars(ax, groups, series, err)
+    ax.axhline(1.0, color="black", lw=1, ls="--", label=f"{baseline} (1.0)")
+    ax.legend(fontsize=8)
+    ax.set_ylabel(f"speedup over {baseline} (x, higher is better)")
+    ax.set_xlabel("model")
+    return f"Speedup over {baseline} (bars: median ratio, whiskers: 95% bootstrap CI)"
+
+
+def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
+    """Bars per cell: throughput of each mode, whiskers p10–p90 of per-step throughput."""
+    series: dict[str, dict[str, float]] = {}
+    err: dict[str, dict[str, tuple[float, float]]] = {}
+    groups: list[str] = []
+    for run in runs:
+        recs = _ok(run.records)
+        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        for r in recs:
+            tp = C.METRICS["throughput"].value(r)
+            if tp is None:
+                continue
+            g = _cell_name(r, many_cfg)
+            if g not in groups:
+                groups.append(g)
+            name = _label(run, len(runs) > 1, C.variant(r))
+            series.setdefault(name, {})[g] = tp
+            if r.step_ms:  # slow steps (p90) give low throughput
+                err.setdefault(name, {})[g] = (r.batch_size * 1000.0 / r.step_ms.p90,
+                                               r.batch_size * 1000.0 / r.step_ms.p10)
+    if not groups:
+        raise UsageError("nothing to plot: no successful record with a throughput")
+    for name in series:
+        err.setdefault(name, {})
+    _grouped_bars(ax, groups, series, err)
+    ax.set_ylabel("throughput (samples/s, higher is better)")
+    ax.set_xlabel("cell")
+    return "Throughput per cell (whiskers: p10–p90 of steps)"
+
+
+def plot_memory(ax, runs: Sequence[C.Run]) -> str:
+    """Bars per cell and mode: peak memory and activation memory side by side (MiB)."""
+    groups: list[str] = []
+    series: dict[str, dict[str, float]] = {"peak memory": {}, "activation memory": {}}
+    for run in runs:
+        recs = _ok(run.records)
+        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        for r in recs:
+            if r.peak_mem_bytes is None and r.activation_bytes is None:
+                continue
+            g = _label(run, len(runs) > 1, f"{_cell_name(r, many_cfg)}\n{C.variant(r)}")
+            groups.append(g)
+            if r.peak_mem_bytes is not None:
+                series["peak memory"][g] = r.peak_mem_bytes / 2 ** 20
+            if r.activation_bytes is not None:
+                series["activation memory"][g] = r.activation_bytes / 2 ** 20
+    if not groups:
+        raise UsageError("nothing to plot: no successful record with memory measurements")
+    _grouped_bars(ax, groups, series)
+    ax.legend(fontsize=8)
+    ax.set_ylabel("memory (MiB, lower is better)")
+    ax.set_xlabel("cell / mode")
+    return "Peak and activation memory"
+
+
+# Sweep axes, in the order they are tried: (name, label, value of a record).
+_SWEEP_AXES: tuple[tuple[str, str, Callable[[Record], float | None]], ...] = (
+    ("batch", "batch size", lambda r: r.batch_size),
+    ("img", "image size (px)", lambda r: r.img_size),
+    ("channels", "channels", lambda r: r.extra.get("channels")
+     or (r.extra["shape"][1] if isinstance(r.extra.get("shape"), list)
+         and len(r.extra["shape"]) > 1 else None)),
+)
+
+
+def _sweep_metric(recs: list[Record]):
+    """(label, value, (low, high)) for the y axis: GB/s for kernels, throughput for models."""
+    if all("gbps" in r.extra for r in recs):
+        def val(r):
+            g = float(r.extra["gbps"])
+            s = r.step_ms  # bandwidth ~ 1/time: scale the band by the time quantiles
+            return g, ((g * s.median / s.p90, g * s.median / s.p10) if s else (g, g))
+        return "bandwidth (GB/s, higher is better)", val
+
+    def val(r):
+        tp = C.METRICS["throughput"].value(r)
+        s = r.step_ms
+        band = ((r.batch_size * 1000.0 / s.p90, r.batch_size * 1000.0 / s.p10) if s
+                else (tp, tp))
+        return tp, band
+    return "throughput (samples/s, higher is better)", val
+
+
+def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
+    """A metric vs the swept axis, one line per mode/impl, p10–p90 band."""
+    recs_all = [(run, r) for run in runs for r in _ok(run.records)]
+    if not recs_all:
+        raise UsageError("nothing to plot: no successful records")
+    axis = None
+    for name, label, get in _SWEEP_AXES:
+        if len({get(r) for _, r in recs_all if get(r) is not None}) > 1:
+            axis = (name, label, get)
+            break
+    if axis is None:
+        raise UsageError("nothing to sweep: batch size, image size and channels are the same "
+                         "in every record")
+    _, xlabel, get = axis
+    ylabel, val = _sweep_metric([r for _, r in recs_all])
+    lines: dict[str, list[tuple[float, float, float, float]]] = {}
+    many_models = len({r.model for _, r in recs_all}) > 1
+    for run, r in recs_all:
+        x = get(r)
+        y, (lo, hi) = val(r)
+        if x is None or y is None:
+            continue
+        name = f"{r.model}/{C.variant(r)}" if many_models else C.variant(r)
+        lines.setdefault(_label(run, len(runs) > 1, name), []).append((x, y, lo, hi))
+    for name, pts in lines.items():
+        pts.sort()
+        xs, ys, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
+        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=name)
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+    if max(len({p[0] for p in pts}) for pts in lines.values()) > 2:
+        xs_all = sorted({p[0] for pts in lines.values() for p in pts})
+        if xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 8:
+            ax.set_xscale("log", base=2)  # batch/size sweeps are usually powers of two
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return f"Sweep over {xlabel} (band: p10–p90 of steps)"
+
+
+PLOTS: dict[str, Callable] = {
+    "speedup": plot_speedup,
+    "throughput": plot_throughput,
+    "memory": plot_memory,
+    "sweep": plot_sweep,
+}
+
+
+# --- entry point --------------------------------------------------------------------------------
+def check_output(out: str | Path) -> Path:
+    out = Path(out)
+    if out.suffix.lower() not in FORMATS:
+        raise UsageError(f"plot output '{out}': unsupported extension "
+                         f"'{out.suffix or '(none)'}'; use one of {', '.join(FORMATS)}")
+    return out
+
+
+def make_figure(runs: Sequence[C.Run], kind: str):
+    if kind not in PLOTS:
+        from fusebench.errors import unknown_name
+        raise unknown_name("plot kind", [kind], PLOTS)
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    try:
+        title = PLOTS[kind](ax, runs)
+        ax.set_title(title, fontsize=11)
+        n_groups = len(ax.get_xticks())
+        if kind != "sweep" and n_groups > 4:
+            plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+        fig.tight_layout(rect=(0, 0.05, 1, 1))  # leave room for the footnote
+        _footnote(fig, runs)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def save_figure(fig, out: Path) -> Path:
+    """Temp file in the same folder, then rename: never a half-written plot."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=DPI, format=out.suffix.lstrip(".").lower())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return out
+
+
+def plot_files(paths: Sequence[str | Path], kind: str, out: str | Path) -> Path:
+    out = check_output(out)   # before loading anything: bad input fails fast
+    paths = list(paths)
+    runs = [C.load_run(p, lab) for p, lab in zip(paths, C.labels_for(paths))]
+    return save_figure(make_figure(runs, kind), out)

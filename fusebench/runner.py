@@ -1,0 +1,176 @@
+"""Runs cells, one worker process each. A worker that crashes, hangs or runs out of memory
+costs only its own cell: it becomes a record, and the next cell runs."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusebench.spec import CellSpec, ErrorInfo, Record
+from fusebench.worker import PHASE_PREFIX
+
+STDERR_TAIL_LINES = 40
+KILL_GRACE_S = 3.0   # SIGTERM first, so a worker can flush; then SIGKILL the whole group
+
+
+def warm_cache_dir() -> Path:
+    root = os.environ.get("FUSEBENCH_CACHE") or Path.home() / ".cache" / "fusebench"
+    return Path(root) / "compile-cache"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    warm_cache: bool = False
+    retry_oom: bool = True
+    min_batch: int = 1
+
+
+def decay_batch(b: int) -> int:
+    """64 -> 48 -> 32 -> 24 -> 16 -> 12 -> 8 -> 6 -> 4 -> 3 -> 2 -> 1 (timm's step-down):
+    halve to the previous power of two, with a 3/4 stop in between."""
+    if b <= 1:
+        return 0
+    p = 1 << (b - 1).bit_length() - 1           # largest power of two < b
+    return p + p // 2 if b > p + p // 2 and p >= 2 else p
+
+
+class _Worker:
+    """One running worker process and the threads that drain its pipes."""
+
+    def __init__(self, spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]):
+        self.spec = spec
+        self.tmp = tempfile.TemporaryDirectory(prefix="fusebench-cell-")
+        tmp = Path(self.tmp.name)
+        self.spec_path, self.out_path = tmp / "spec.json", tmp / "record.json"
+        self.spec_path.write_text(json.dumps(spec.to_dict()))
+        cache = warm_cache_dir() if opts.warm_cache else tmp / "compile-cache"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               # a fresh cache dir per cell gives cold compile numbers; --warm-cache shares one
+               "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+               "TRITON_CACHE_DIR": str(cache / "triton")}
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fusebench.worker", str(self.spec_path), str(self.out_path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            start_new_session=True)   # own process group: we can kill it and its children
+        self._threads = [threading.Thread(target=self._read_stdout, args=(on_phase,), daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read_stdout(self, on_phase):
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(PHASE_PREFIX):
+                on_phase(line[len(PHASE_PREFIX):])
+
+    def _read_stderr(self):
+        for raw in self.proc.stderr:
+            self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def kill(self) -> None:
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def wait(self) -> Record:
+        try:
+            rc = self.proc.wait(timeout=self.spec.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self._failure("timeout", None,
+                                 ErrorInfo("Timeout", f"cell exceeded --timeout "
+                                                      f"{self.spec.timeout:g} s; worker killed"))
+        finally:
+            for t in self._threads:
+                t.join(timeout=2.0)
+        if self.out_path.is_file():
+            rec = Record.from_dict(json.loads(self.out_path.read_text()))
+            if rec.status != "ok":
+                rec = rec.replace(extra={**rec.extra, "exit_code": rc,
+                                         "stderr_tail": self._tail()})
+            return rec
+        return self._crash(rc)
+
+    def _crash(self, rc: int) -> Record:
+        if rc < 0:
+            sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+            msg = f"worker killed by signal {sig}"
+            if -rc == signal.SIGKILL:
+                msg += " (the kernel's OOM killer sends this when memory runs out)"
+        else:
+            msg = f"worker exited with code {rc} without a record"
+        return self._failure("crashed", rc, ErrorInfo("Crashed", msg))
+
+    def _failure(self, status: str, rc, err: ErrorInfo) -> Record:
+        return Record.for_spec(self.spec, status, error=err, extra={
+            "exit_code": rc, "signal": (signal.Signals(-rc).name if isinstance(rc, int) and rc < 0
+                                        and -rc in signal.Signals._value2member_map_ else None),
+            "stderr_tail": self._tail(), "cell": self.spec.to_dict()})
+
+    def _tail(self) -> str:
+        return "\n".join(self.stderr_tail)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.kill()
+        self.tmp.cleanup()
+
+
+def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
+            on_phase: Callable[[str], None] = lambda p: None) -> Record:
+    """Run a cell; on OOM retry with a decayed batch size down to opts.min_batch."""
+    failed: list[int] = []
+    while True:
+        w = _Worker(spec, opts, on_phase)
+        try:
+            rec = w.wait()
+        finally:
+            w.close()
+        nxt = decay_batch(spec.batch_size)
+        if rec.status != "oom" or not opts.retry_oom or nxt < max(1, opts.min_batch):
+            break
+        failed.append(spec.batch_size)
+        on_phase(f"oom at batch {spec.batch_size}, retrying with {nxt}")
+        spec = dataclasses.replace(spec, batch_size=nxt)
+    if failed:
+        rec = rec.replace(extra={**rec.extra, "oom_failed_batch_sizes": failed,
+                                 "requested_batch_size": failed[0]})
+    return rec
+
+
+def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptions(),
+              show_progress: bool = True, console=None,
+              on_record: Callable[[Record], None] | None = None) -> list[Record]:
+    """Run every cell in order. Each finished record is appended to `writer` at once (so an
+    interrupted run keeps what finished); KeyboardInterrupt propagates after the running
+    worker's process group is killed."""
+    from fusebench.progress import CellProgress
+    records: list[Record] = []
+    with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
+        for i, spec in enumerate(specs):
+            progress.start(i, spec.label())
+            rec = run_one(spec, opts, progress.phase)
+            records.append(rec)
+            if writer is not None:
+                writer.append(rec)
+            if on_record:
+                on_record(rec)
+            progress.done(rec.status)
+    return records

@@ -1,0 +1,68 @@
+"""Runs a planned list of cells end to end for a command: results document on disk as cells
+finish, table at the end, exit code from the statuses. Shared by `run` and `kernel`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from fusebench.results import ResultsWriter, default_path, dumps
+from fusebench.runner import RunOptions, run_cells
+from fusebench.spec import CellSpec, Record
+
+EXIT_OK, EXIT_NOT_OK, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def exit_code(records: list[Record]) -> int:
+    return EXIT_OK if records and all(r.status == "ok" for r in records) else EXIT_NOT_OK
+
+
+def _env() -> dict:
+    from fusebench.env import collect_env
+    return collect_env()
+
+
+def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out: bool,
+            warm_cache: bool = False, retry_oom: bool = True, argv=None, table=None,
+            details=None) -> int:
+    from fusebench.report import make_console, print_details, run_table, short_model
+    table = table or run_table
+    details = details or print_details
+    # With --json, stdout carries only the document; everything for people goes to stderr.
+    console = make_console(stderr=json_out)
+    path = default_path(out, short_model(stem).replace(":", "-")) if save else None
+    writer = ResultsWriter(path, _env(), command=list(argv or []))
+    interrupted = False
+    try:
+        run_cells(specs, writer, opts=RunOptions(warm_cache=warm_cache, retry_oom=retry_oom),
+                  console=Console(stderr=True))
+    except KeyboardInterrupt:
+        interrupted = True
+    records = writer.records()
+    if save and not records:
+        path = None          # nothing finished: no empty document left behind
+    _after_run(writer, path)
+    if records:
+        console.print(table(records))
+        details(console, records)
+    if json_out:
+        sys.stdout.write(dumps(writer.doc))
+        sys.stdout.flush()
+    if path is not None:
+        console.print(f"results: {path}", highlight=False)
+    if interrupted:
+        console.print(f"interrupted: {len(records)} of {len(specs)} cells finished and saved",
+                      highlight=False)
+        return EXIT_INTERRUPTED
+    return exit_code(records)
+
+
+def _after_run(writer: ResultsWriter, path: Path | None) -> None:
+    """Hook for post-run artefacts that need the finished records (repro scripts)."""
+    try:
+        from fusebench.repro import write_repros
+    except ModuleNotFoundError:
+        return
+    if path is not None:
+        write_repros(writer, path)

@@ -1,0 +1,68 @@
+"""Runs exactly one cell: `python -m fusebench.worker SPEC.json OUT.json`.
+
+Speaks JSON only: spec in from a file, record out to a file (stdout carries phase lines for the
+progress display; anything a model prints there is ignored). Every failure it can see becomes a
+record; failures it cannot see (signal, hang) are recorded by the runner."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+PHASE_PREFIX = "@@fusebench-phase "
+
+# kind -> module with run_cell(spec, phase) -> Record
+CELL_RUNNERS = {"model": "fusebench.model_cell", "kernel": "fusebench.kernels.bench"}
+
+
+def phase(name: str) -> None:
+    print(PHASE_PREFIX + name, flush=True)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    msg = str(exc)
+    return "out of memory" in msg.lower() and "illegal" not in msg.lower()
+
+
+def run(spec_dict: dict) -> dict:
+    from fusebench.errors import UsageError
+    from fusebench.plugins import load_plugins
+    from fusebench.spec import CellSpec, ErrorInfo, Record
+
+    spec = CellSpec.from_dict(spec_dict)
+    try:
+        load_plugins()
+        module = importlib.import_module(CELL_RUNNERS[spec.kind])
+        return module.run_cell(spec, phase).to_dict()
+    except BaseException as e:  # every failure in the cell becomes its record
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        traceback.print_exc(file=sys.stderr)
+        status = "oom" if _is_oom(e) else "error"
+        first = (str(e).strip().splitlines() or [""])[0][:500]
+        kind = "UsageError" if isinstance(e, UsageError) else type(e).__name__
+        return Record.for_spec(spec, status, error=ErrorInfo(kind, first),
+                               extra={"cell": spec.to_dict()}).to_dict()
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv[1], argv[2]
+    with open(spec_path) as f:
+        spec_dict = json.load(f)
+    record = run(spec_dict)
+    from fusebench.results import write_atomic
+    write_atomic(out_path, json.dumps(record, allow_nan=False))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: compiler threads and CUDA contexts can hang or crash at exit
+    # after the record is already safe on disk.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

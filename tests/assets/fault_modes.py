@@ -1,0 +1,61 @@
+"""Test-only modes loaded into workers through FUSEBENCH_PLUGINS: each plants one fault."""
+import os
+import time
+
+import torch
+
+from fusebench.modes import register_mode
+from fusebench.modes.base import Mode
+
+
+@register_mode
+class CrashMode(Mode):
+    name = "test_crash"
+
+    def prepare(self, model, example_inputs, options, events):
+        os.abort()                              # SIGABRT, as a compiler segfault would
+
+
+@register_mode
+class HangMode(Mode):
+    name = "test_hang"
+
+    def prepare(self, model, example_inputs, options, events):
+        time.sleep(3600)
+
+
+@register_mode
+class CorruptAfterTwo(Mode):
+    """Right on calls 1 and 2, then scales one gradient by 1.5: the JIT-fuser failure shape."""
+    name = "test_corrupt_after_2"
+
+    def prepare(self, model, example_inputs, options, events):
+        calls = {"n": 0}
+        first = next(p for p in model.parameters() if p.requires_grad)
+
+        def fn(x):
+            calls["n"] += 1
+            out = model(x)
+            if calls["n"] > 2 and out.requires_grad:
+                first.register_hook(lambda g: g * 1.5) if calls["n"] == 3 else None
+            return out
+        return fn
+
+
+@register_mode
+class OomAboveTwo(Mode):
+    """Raises an out-of-memory error for batches above 2 (exercises the OOM retry)."""
+    name = "test_oom"
+
+    def prepare(self, model, example_inputs, options, events):
+        if example_inputs[0].shape[0] > 2:
+            raise MemoryError("out of memory (planted)")
+        return model
+
+
+@register_mode
+class Unavailable(Mode):
+    name = "test_unavailable"
+
+    def available(self, options, device="cpu"):
+        return False, "planted: this mode never runs"
