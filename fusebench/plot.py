@@ -269,6 +269,7 @@ def save_figure(fig, out: Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=DPI, format=out.suffix.lstrip(".").lower())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plot is meant to be shared
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -276,6 +277,12 @@ def save_figure(fig, out: Path) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def plot_files(paths: Sequence[str | Path], kind: str, out: str | Path) -> Path:

@@ -15,6 +15,12 @@ from rich.text import Text
 from fusebench.compare import Comparison, Row
 
 
+def _one_config(cmp: Comparison) -> str | None:
+    """The config shared by every row, if there is just one (then it goes in the title)."""
+    configs = {r.config for r in cmp.rows}
+    return configs.pop() if len(configs) == 1 else None
+
+
 def _headers(cmp: Comparison) -> list[str]:
     m = cmp.metric
     cols = ["model", "config", "mode"]
@@ -41,7 +47,7 @@ def _cells(cmp: Comparison, r: Row) -> list[str]:
 
 
 def _geo_cells(cmp: Comparison, g) -> list[str]:
-    out = ["geometric mean", f"{g.cells} cells", "" if cmp.kind == "runs" else g.label]
+    out = [f"geometric mean\n({g.cells} cell{'s' if g.cells != 1 else ''})", "", "" if cmp.kind == "runs" else g.label]
     if cmp.kind == "runs":
         out.append(g.label)
     out.append("")
@@ -84,11 +90,22 @@ def render_table(cmp: Comparison, console: Console) -> None:
     caption = cmp.env_summary or None
     title = (f"{cmp.metric.label}: modes vs {cmp.baseline}" if cmp.kind == "modes"
              else f"{cmp.metric.label}: runs vs {cmp.baseline}")
+    one_config = _one_config(cmp)
+    if one_config:
+        title += f" · {one_config}"
     t = Table(title=title, caption=caption, show_lines=False)
     heads = _headers(cmp)
     value_col = heads.index(f"{cmp.metric.label} ({cmp.metric.unit})")
+    drop = heads.index("config") if one_config else None
     for i, h in enumerate(heads):
-        t.add_column(h, justify="right" if i >= value_col and i < len(heads) - 1 else "left")
+        if i == drop:
+            continue
+        if i == value_col:
+            h = f"{cmp.metric.label}\n({cmp.metric.unit})"
+        # the verdict is the point of the table: never wrap it, let the config column wrap
+        t.add_column(h, justify="right" if value_col <= i < len(heads) - 1 else "left",
+                     no_wrap=(i == len(heads) - 1 or h in ("model", "mode")),
+                     min_width=len(cmp.metric.unit) + 2 if i == value_col else None)
     marks = _best_worst(cmp)
     for i, r in enumerate(cmp.rows):
         cells: list[Any] = _cells(cmp, r)
@@ -98,14 +115,14 @@ def render_table(cmp: Comparison, console: Console) -> None:
                                     else "bold red")
         cells[-1] = Text(cells[-1], style=_verdict_style(r))
         last_of_group = i + 1 < len(cmp.rows) and cmp.rows[i + 1].group != r.group
-        t.add_row(*cells, end_section=last_of_group)
+        t.add_row(*[c for j, c in enumerate(cells) if j != drop], end_section=last_of_group)
     if cmp.geomean:
         t.add_section()
         for g in cmp.geomean:
             style = "dim" if not g.ratio.significant else ("green" if g.ratio.gain > 1 else "red")
             cells = _geo_cells(cmp, g)
             cells[-1] = Text(cells[-1], style=style)
-            t.add_row(*cells, style="italic")
+            t.add_row(*[c for j, c in enumerate(cells) if j != drop], style="italic")
     console.print(t)
 
 

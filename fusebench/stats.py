@@ -17,6 +17,10 @@ from scipy import stats as _st
 SEED = 20240611          # fixed: the same files always give the same intervals
 N_RESAMPLES = 2000       # percentile error of a 95% interval ~0.5% of its width at 2000
 CONFIDENCE = 0.95
+# Smallest change we call significant even when the CI excludes 1: the bootstrap only sees noise
+# *within* a run, while separate runs (and the cells of one table, tested many at once) drift by
+# ~1-2% on a quiet machine. Below this an A/A comparison would "find" differences.
+MIN_EFFECT = 0.02
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,12 @@ class Ratio:
 
     @property
     def significant(self) -> bool:
-        """CI excludes 1.0. Without a CI, any difference counts (deterministic metrics)."""
+        """CI excludes 1.0 and the change is at least MIN_EFFECT. Without a CI (deterministic
+        metrics such as memory) any difference counts."""
         if not self.has_ci:
             return self.gain != 1.0
-        return self.low > 1.0 or self.high < 1.0
+        big_enough = abs(math.log(self.gain)) >= math.log1p(MIN_EFFECT)
+        return big_enough and (self.low > 1.0 or self.high < 1.0)
 
     def to_dict(self) -> dict:
         return {"gain": self.gain, "ci_low": self.low, "ci_high": self.high,

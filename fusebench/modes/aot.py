@@ -33,7 +33,8 @@ class AOT(Mode):
             fc = _functorch_compile()
         except Exception as e:
             return False, f"functorch.compile does not import: {type(e).__name__}: {e}"
-        for attr in ("aot_module", COMPILERS[o["aot_compiler"]], PARTITIONERS[o["aot_partitioner"]]):
+        needed = ("aot_module", COMPILERS[o["aot_compiler"]], PARTITIONERS[o["aot_partitioner"]])
+        for attr in needed:
             if not hasattr(fc, attr):
                 return False, f"functorch.compile has no {attr} in this torch build"
         return True, ""

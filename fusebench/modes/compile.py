@@ -100,8 +100,9 @@ class Compile(Mode):
                   "dynamic": o["compile_dynamic"]}
         if o["compile_mode"] is not None:
             kwargs["mode"] = o["compile_mode"]
-        events.add("info", "dynamo", "torch.compile(" + ", ".join(
-            f"{k}={v!r}" for k, v in kwargs.items()) + f"), compile_fallback={o['compile_fallback']}")
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        events.add("info", "dynamo",
+                   f"torch.compile({args}), compile_fallback={o['compile_fallback']}")
         return torch.compile(model, **kwargs)
 
     def finish(self, events):

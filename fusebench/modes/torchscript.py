@@ -94,6 +94,7 @@ class TorchScript(Mode):
     def prepare(self, model, example_inputs, options, events):
         o = self.opts(options)
         self._fuser = o["ts_fuser"]
+        self._scripted = None
         self._device = _device_of(model, example_inputs)
         self._saved_flags = _fuser_flags()
         try:
@@ -114,9 +115,8 @@ class TorchScript(Mode):
             self._restore()
             raise
         events.add("info", "torchscript",
-                   f"torch.jit.{o['ts_method']}, fuser={self._fuser} "
-                   f"(cpu={torch._C._jit_can_fuse_on_cpu()}, gpu={torch._C._jit_can_fuse_on_gpu()}, "
-                   f"texpr={torch._C._jit_texpr_fuser_enabled()})")
+                   f"torch.jit.{o['ts_method']}, fuser={self._fuser}: "
+                   + ", ".join(f"{k}={v}" for k, v in _fuser_flags().items()))
         return self._scripted
 
     def finish(self, events):
@@ -148,7 +148,8 @@ class TorchScript(Mode):
         if not torch._C._get_graph_executor_optimize():
             return "0 fusion groups: TorchScript graph executor optimization is off"
         if self._device == "cpu" and not flags["cpu"]:
-            why = " without LLVM" if not llvm_enabled() else " with CPU fusion off (ts_fuser=nnc enables it)"
+            why = (" without LLVM" if not llvm_enabled()
+                   else " with CPU fusion off (ts_fuser=nnc enables it)")
             return f"0 fusion groups: TorchScript on CPU{why} forms none"
         if self._device == "cuda" and not flags["gpu"]:
             return "0 fusion groups: TorchScript GPU fusion is off in this process"

@@ -1,0 +1,128 @@
+"""`triton`: Triton LN2d forward + backward (CUDA; on CPU tensors under TRITON_INTERPRET=1)."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from fusebench.kernels.registry import register_impl
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_C = 4096        # one program holds all C channels of its block of positions
+TILE = 4096         # elements per program: BLOCK_C * BLOCK_HW (registers, not shared memory)
+
+
+def available(device: str = "cuda") -> tuple[bool, str]:
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install triton)"
+    if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        return True, ""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, ""
+    return False, f"triton runs on CUDA (on {device} only with TRITON_INTERPRET=1)"
+
+
+@functools.cache
+def _kernels():
+    from fusebench.kernels.ln2d import _triton_kernels
+    return _triton_kernels
+
+
+def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
+    if x.is_contiguous():
+        return x, torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return x, torch.channels_last
+    return x.contiguous(), torch.contiguous_format
+
+
+def _blocks(C: int, HW: int) -> tuple[int, int]:
+    block_c = triton_next_pow2(C)
+    block_hw = max(1, min(triton_next_pow2(HW), TILE // block_c))
+    return block_c, block_hw
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    # H and W flatten to one index for both dense layouts: stride(h) == W * stride(w)
+    return x.stride(0), x.stride(1), x.stride(3)
+
+
+def _check(x, weight):
+    if x.dtype not in DTYPES:
+        raise TypeError(f"ln2d triton: unsupported dtype {x.dtype} (supported: float32, "
+                        "float16, bfloat16)")
+    if x.dim() != 4:
+        raise ValueError(f"ln2d triton: x must be 4-D (N, C, H, W), got {x.dim()}-D")
+    if x.shape[1] > MAX_C:
+        raise ValueError(f"ln2d triton: C={x.shape[1]} exceeds the {MAX_C} channels one "
+                         "program holds")
+    if weight.numel() != x.shape[1]:
+        raise ValueError(f"ln2d triton: weight has {weight.numel()} elements, C={x.shape[1]}")
+
+
+def ln2d_triton_fwd(x, weight, bias, eps):
+    """(y, mean, rstd); mean/rstd are float32 (N, H*W), mean is of x - x[:, 0]."""
+    k = _kernels()
+    x, fmt = _layout(x)
+    N, C, H, W = x.shape
+    HW = H * W
+    y = torch.empty_like(x, memory_format=fmt)
+    mean = torch.empty((N, HW), device=x.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    if x.numel():
+        bc, bhw = _blocks(C, HW)
+        grid = (triton_cdiv(HW, bhw), N)
+        k.ln2d_fwd_kernel[grid](x, y, weight, bias, mean, rstd, C, HW, *_strides(x), float(eps),
+                                BLOCK_C=bc, BLOCK_HW=bhw)
+    return y, mean, rstd
+
+
+def ln2d_triton_bwd(dy, x, weight, mean, rstd):
+    k = _kernels()
+    x, fmt = _layout(x)
+    dy = dy.to(x.dtype).contiguous(memory_format=fmt)   # dy in x's layout: same strides
+    N, C, H, W = x.shape
+    HW = H * W
+    dx = torch.empty_like(x, memory_format=fmt)
+    bc, bhw = _blocks(C, HW)
+    grid = (triton_cdiv(HW, bhw), N)
+    dwp = torch.zeros((grid[0] * N, C), device=x.device, dtype=torch.float32)
+    dbp = torch.zeros_like(dwp)
+    if x.numel():
+        k.ln2d_bwd_kernel[grid](dy, x, weight, mean, rstd, dx, dwp, dbp, C, HW, *_strides(x),
+                                BLOCK_C=bc, BLOCK_HW=bhw)
+    return dx, dwp.sum(0).to(weight.dtype), dbp.sum(0).to(weight.dtype)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class LN2dTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = ln2d_triton_fwd(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ln2d_triton_bwd(dy, x, weight, mean, rstd)
+        return dx, dw, db, None
+
+
+@register_impl("ln2d", "triton", available=available)
+def ln2d_triton(x, weight, bias, eps: float):
+    """Triton forward + backward; one program per (n, block of H*W), all C in registers."""
+    _check(x, weight)
+    return LN2dTritonFunction.apply(x, weight.contiguous(), bias.contiguous(), eps)

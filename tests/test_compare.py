@@ -1,0 +1,209 @@
+"""compare: bootstrap CIs, wording, A/A vs injected slowdown, --fail-on-regression, formats."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from factories import fake_env, kernel_record, model_record, modes_run, samples, write_results
+from fusebench import stats
+from fusebench.cli import app
+from fusebench.compare import compare_files
+
+runner = CliRunner()
+
+SPEEDS = {"eager": 100.0, "compile": 80.0, "torchscript": 101.0}
+
+
+def run_records(scale: float = 1.0, seed: int = 0):
+    """Two models x three modes; scale > 1 makes every step slower by that factor."""
+    return (modes_run("convnext_tiny", {m: ms * scale for m, ms in SPEEDS.items()}, seed=seed)
+            + modes_run("effnet_b0", {m: ms * scale / 2 for m, ms in SPEEDS.items()},
+                        seed=seed + 50))
+
+
+@pytest.fixture
+def aa_files(tmp_path):
+    """A/A: the same configuration run twice (independent noise)."""
+    a = write_results(tmp_path / "a.json", run_records(seed=0))
+    b = write_results(tmp_path / "b.json", run_records(seed=1000))
+    return a, b
+
+
+@pytest.fixture
+def slow_file(tmp_path):
+    return write_results(tmp_path / "slow.json", run_records(scale=1.2, seed=2000))
+
+
+# --- stats --------------------------------------------------------------------------------------
+def test_speedup_ci_brackets_true_ratio_and_is_reproducible():
+    base, cand = samples(100.0, seed=1), samples(80.0, seed=2)
+    r = stats.speedup_ci(base, cand)
+    assert r.low < r.gain < r.high
+    assert 1.2 < r.low and r.high < 1.3          # true speedup 1.25
+    assert stats.speedup_ci(base, cand) == r     # fixed seed: same interval every time
+    assert r.significant
+
+
+def test_describe_wording():
+    assert stats.describe(stats.Ratio(1.31, 1.27, 1.35)) == "1.31x faster (1.27–1.35)"
+    assert stats.describe(stats.Ratio(1 / 1.12, 1 / 1.19, 1 / 1.05)) == \
+        "1.12x slower (1.05–1.19)"
+    assert stats.describe(stats.Ratio(1.02, 0.98, 1.06)) == "not significant"
+    assert stats.describe(stats.Ratio(2.0), "less memory", "more memory") == \
+        "2.00x less memory (no CI)"
+
+
+def test_degenerate_and_tiny_samples():
+    r = stats.speedup_ci([5.0] * 10, [5.0] * 10)
+    assert r.gain == 1.0 and not r.significant
+    assert stats.speedup_ci([5.0], [4.0]).has_ci is False
+
+
+def test_geomean_ratio():
+    assert stats.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    rs = [stats.speedup_ci(samples(100, seed=i), samples(50, seed=i + 10)) for i in range(3)]
+    g = stats.geomean_ratio(rs)
+    assert g.low < 2.0 < g.high and g.gain == pytest.approx(2.0, rel=0.05)
+
+
+# --- compare logic ------------------------------------------------------------------------------
+def test_single_file_modes_vs_eager(aa_files):
+    cmp = compare_files([aa_files[0]])
+    assert cmp.kind == "modes" and cmp.baseline == "eager"
+    verdicts = {(r.model, r.variant): r.verdict for r in cmp.rows}
+    assert verdicts[("convnext_tiny", "eager")] == "baseline"
+    assert verdicts[("convnext_tiny", "compile")].startswith("1.2")
+    assert "faster" in verdicts[("convnext_tiny", "compile")]
+    geo = {g.label: g for g in cmp.geomean}
+    assert geo["compile"].cells == 2 and geo["compile"].ratio.gain == pytest.approx(1.25, 0.05)
+
+
+def test_aa_is_not_significant(aa_files):
+    cmp = compare_files(list(aa_files), metric="step_ms", fail_pct=10)
+    others = [r for r in cmp.rows if not r.baseline]
+    assert len(others) == 6
+    assert all(r.verdict == "not significant" for r in others), [r.verdict for r in others]
+    assert not cmp.regressions()
+    assert all(g.verdict == "not significant" for g in cmp.geomean)
+    assert not cmp.warnings
+
+
+def test_injected_slowdown_is_flagged(aa_files, slow_file):
+    cmp = compare_files([aa_files[0], slow_file], fail_pct=10)
+    others = [r for r in cmp.rows if not r.baseline]
+    assert all("slower" in r.verdict for r in others)
+    assert all(r.regression for r in others)
+    assert all(1.15 < 1 / r.ratio.gain < 1.25 for r in others)
+    # the same slowdown does not trip a 25% threshold
+    assert not compare_files([aa_files[0], slow_file], fail_pct=25).regressions()
+
+
+def test_failed_cell_across_runs_is_a_regression(tmp_path):
+    a = write_results(tmp_path / "a.json", [model_record(mode="eager", seed=1)])
+    b = write_results(tmp_path / "b.json", [model_record(mode="eager", status="crashed")])
+    cmp = compare_files([a, b], fail_pct=10)
+    assert [r.verdict for r in cmp.rows] == ["baseline", "crashed"]
+    assert cmp.regressions()
+
+
+def test_unmatched_cells_and_env_difference_warn(tmp_path):
+    a = write_results(tmp_path / "a.json", modes_run(seed=1))
+    b = write_results(tmp_path / "b.json",
+                      modes_run(seed=2) + [model_record("other", seed=9)],
+                      env=fake_env(**{"torch.version": "2.12.0", "cpu.model": "AMD EPYC"}))
+    cmp = compare_files([a, b])
+    text = " ".join(cmp.warnings)
+    assert "torch version: 2.13.0+cpu vs 2.12.0" in text and "CPU model" in text
+    assert "only in b.json: other" in text
+
+
+def test_baseline_file_and_memory_metric(aa_files, slow_file):
+    cmp = compare_files([aa_files[0], slow_file], baseline=str(slow_file))
+    assert cmp.baseline == "slow.json"
+    assert all("faster" in r.verdict for r in cmp.rows if not r.baseline)
+    mem = compare_files([aa_files[0]], metric="peak_mem")
+    assert all(r.verdict == "same" for r in mem.rows if not r.baseline)
+
+
+def test_kernel_records_compare_by_impl(tmp_path):
+    recs = [kernel_record("permute", base_ms=2.0, seed=1),
+            kernel_record("fused", base_ms=1.0, seed=2)]
+    p = write_results(tmp_path / "k.json", recs)
+    cmp = compare_files([p], baseline="permute", metric="step_ms")
+    fused = next(r for r in cmp.rows if r.variant == "fused")
+    assert "faster" in fused.verdict and fused.ratio.gain == pytest.approx(2.0, rel=0.03)
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+def test_cli_aa_exit0_and_slowdown_exit1(aa_files, slow_file):
+    ok = runner.invoke(app, ["compare", str(aa_files[0]), str(aa_files[1]),
+                             "--fail-on-regression", "10"])
+    assert ok.exit_code == 0, ok.output
+    assert "not significant" in ok.stdout
+    bad = runner.invoke(app, ["compare", str(aa_files[0]), str(slow_file),
+                              "--fail-on-regression", "10", "--format", "markdown"])
+    assert bad.exit_code == 1, bad.output
+    assert "REGRESSION" in bad.stdout and "regression in slow.json" in bad.stderr
+
+
+def test_cli_single_file_table(aa_files):
+    res = runner.invoke(app, ["compare", str(aa_files[0])], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "faster" in res.stdout and "geometric mean" in res.stdout
+
+
+def test_cli_formats(aa_files):
+    js = runner.invoke(app, ["compare", *map(str, aa_files), "--format", "json",
+                             "--metric", "step_ms"])
+    assert js.exit_code == 0, js.output
+    doc = json.loads(js.stdout)
+    assert doc["metric"] == "step_ms" and doc["regressions"] == 0
+    assert {r["verdict"] for r in doc["rows"] if not r["baseline"]} == {"not significant"}
+    cs = runner.invoke(app, ["compare", str(aa_files[0]), "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(cs.stdout)))
+    assert {"model", "variant", "gain", "ci_low", "ci_high", "verdict"} <= set(rows[0])
+    assert any(r["model"] == "geometric mean" for r in rows)
+    md = runner.invoke(app, ["compare", str(aa_files[0]), "--format", "markdown"])
+    assert md.stdout.startswith("| model | config | mode |")
+
+
+@pytest.mark.parametrize("args", [
+    ["--metric", "latency"], ["--format", "html"], ["--baseline", "nosuchmode"],
+    ["--fail-on-regression", "-5"],
+])
+def test_cli_bad_options_exit2(aa_files, args):
+    res = runner.invoke(app, ["compare", str(aa_files[0]), *args])
+    assert res.exit_code == 2, res.output
+
+
+def test_cli_bad_files_exit2_one_line(tmp_path):
+    bad = {
+        "missing.json": None,
+        "notjson.json": "hello",
+        "other.json": json.dumps({"benchmarks": []}),
+        "newer.json": json.dumps({"schema": "fusebench/99", "records": []}),
+    }
+    good = write_results(tmp_path / "good.json", modes_run())
+    bad["truncated.json"] = good.read_text()[:200]
+    for name, text in bad.items():
+        p = tmp_path / name
+        if text is not None:
+            p.write_text(text)
+        res = runner.invoke(app, ["compare", str(p)])
+        assert res.exit_code == 2, (name, res.output)
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("fusebench: error:"), (name, lines)
+        assert "Traceback" not in res.output
+
+
+def test_ratio_matches_direct_median_ratio(aa_files):
+    cmp = compare_files([aa_files[0]], metric="step_ms")
+    rows = {r.variant: r for r in cmp.rows if r.model == "convnext_tiny"}
+    assert rows["compile"].ratio.gain == pytest.approx(
+        rows["eager"].value / rows["compile"].value)
+    assert np.isfinite([rows["compile"].ratio.low, rows["compile"].ratio.high]).all()

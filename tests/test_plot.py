@@ -1,0 +1,123 @@
+"""plot: every kind writes a real, non-blank PNG and SVG; bad input exits 2 and writes nothing."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import matplotlib.image as mpimg
+import pytest
+from typer.testing import CliRunner
+
+from factories import model_record, modes_run, write_results
+from fusebench.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plot")
+    run = (modes_run("convnext_tiny", {"eager": 100.0, "compile": 80.0, "aot": 95.0}, seed=1)
+           + modes_run("effnet_b0", {"eager": 50.0, "compile": 45.0, "aot": 52.0}, seed=9))
+    sweep = [model_record("convnext_tiny", mode, base_ms=ms * b ** 0.8, batch_size=b,
+                          seed=10 * b + i)
+             for b in (1, 2, 4, 8, 16)
+             for i, (mode, ms) in enumerate({"eager": 10.0, "compile": 8.0}.items())]
+    return {"run": write_results(d / "run.json", run),
+            "sweep": write_results(d / "sweep.json", sweep)}
+
+
+def _check_png(path):
+    assert path.stat().st_size > 10_000
+    img = mpimg.imread(path)                      # (H, W, 4) floats in [0, 1]
+    assert img.shape[0] > 300 and img.shape[1] > 500
+    rgb = img[..., :3]
+    assert rgb.std() > 0.05                       # not blank
+    # some clearly coloured pixels (bars / lines), not just black text on white
+    sat = rgb.max(axis=-1) - rgb.min(axis=-1)
+    assert (sat > 0.3).mean() > 0.005
+
+
+def _check_svg(path, title_word):
+    text = path.read_text()
+    assert path.stat().st_size > 10_000
+    root = ET.fromstring(text)
+    assert root.tag.endswith("svg")
+    assert text.count("<path") > 10
+    assert title_word in text                     # svg.fonttype=path still keeps <!-- title -->
+
+
+KINDS = {"speedup": ("run", "Speedup"), "throughput": ("run", "Throughput"),
+         "memory": ("run", "memory"), "sweep": ("sweep", "Sweep")}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_png_and_svg(files, tmp_path, kind):
+    src, word = KINDS[kind]
+    png, svg = tmp_path / f"{kind}.png", tmp_path / f"{kind}.svg"
+    for out in (png, svg):
+        res = runner.invoke(app, ["plot", str(files[src]), "--kind", kind, "-o", str(out)])
+        assert res.exit_code == 0, res.output
+    _check_png(png)
+    _check_svg(svg, word)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([png.name, svg.name])
+
+
+def test_two_runs_speedup(files, tmp_path):
+    out = tmp_path / "two.png"
+    res = runner.invoke(app, ["plot", str(files["run"]), str(files["sweep"]), "--kind",
+                              "throughput", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    _check_png(out)
+
+
+@pytest.mark.parametrize("args", [
+    ["--kind", "violin"],                 # unknown kind
+    ["-o", "{d}/out.jpg"],                # unsupported extension
+    ["-o", "{d}/out"],                    # no extension
+    ["--kind", "sweep"],                  # nothing swept in this file
+])
+def test_bad_input_exit2_and_no_file(files, tmp_path, args):
+    args = [a.format(d=tmp_path) for a in args]
+    if "-o" not in args:
+        args += ["-o", str(tmp_path / "x.png")]
+    res = runner.invoke(app, ["plot", str(files["run"]), *args])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []         # no output, no temp file left behind
+
+
+def test_bad_results_file_exit2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "fusebench/1", "records": [')
+    res = runner.invoke(app, ["plot", str(bad), "-o", str(tmp_path / "x.png")])
+    assert res.exit_code == 2
+    assert res.stderr.strip().startswith("fusebench: error:")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_failed_save_leaves_nothing(files, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    def boom(self, *a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", boom)
+    from fusebench.plot import plot_files
+    with pytest.raises(OSError):
+        plot_files([files["run"]], "speedup", tmp_path / "x.png")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_all_records_failed_is_usage_error(tmp_path):
+    p = write_results(tmp_path / "f.json", [model_record(mode="eager", status="error"),
+                                            model_record(mode="compile", status="error")])
+    for kind in ("speedup", "throughput", "memory", "sweep"):
+        res = runner.invoke(app, ["plot", str(p), "--kind", kind, "-o", str(tmp_path / "o.png")])
+        assert res.exit_code == 2, (kind, res.output)
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_uses_agg_backend():
+    import matplotlib
+
+    import fusebench.plot  # noqa: F401
+    assert matplotlib.get_backend().lower() == "agg"
