@@ -31,6 +31,19 @@ def _register_all() -> None:
 
 _register_all()
 
+# typer >= 0.2x raises its own vendored copy of click's exceptions, not click's: catch both.
+try:
+    from typer._click import exceptions as _typer_click
+    _CLICK_USAGE = (click.exceptions.UsageError, _typer_click.UsageError)
+except ImportError:
+    _CLICK_USAGE = (click.exceptions.UsageError,)
+_ABORT = (click.exceptions.Abort, typer.Abort)
+_EXIT = (click.exceptions.Exit, typer.Exit)
+
+
+def _line(text: str) -> str:
+    return " ".join(str(text).split())      # one line, whatever the message held
+
 
 def main(argv: list[str] | None = None) -> int:
     # standalone_mode=False so click's usage errors come back to us and print as one line
@@ -38,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, prog_name="fusebench", standalone_mode=False)
     except UsageError as e:
-        print(f"fusebench: error: {e}", file=sys.stderr)
+        print(f"fusebench: error: {_line(e)}", file=sys.stderr)
         return 2
-    except click.exceptions.UsageError as e:
-        print(f"fusebench: error: {e.format_message()}", file=sys.stderr)
+    except _CLICK_USAGE as e:
+        print(f"fusebench: error: {_line(e.format_message())}", file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except _ABORT:
         print("fusebench: interrupted", file=sys.stderr)
         return 130
-    except click.exceptions.Exit as e:
+    except _EXIT as e:
         return e.exit_code
     return rv if isinstance(rv, int) else 0
 

@@ -45,7 +45,7 @@ def collect_torch() -> dict[str, Any]:
 
 
 def _parallel_backend(info: str) -> str:
-    """First line after the ATen/Parallel thread counts: 'OpenMP 201511 ...' or 'native thread pool'."""
+    """The backend line of parallel_info(): 'OpenMP 201511 ...' or 'native thread pool'."""
     for line in info.splitlines():
         s = line.strip()
         if s and not s.startswith(("ATen/Parallel", "at::", "omp_", "mkl_")):
@@ -60,8 +60,8 @@ def _has_llvm(torch) -> bool | None:
 
 
 def collect_python() -> dict[str, Any]:
-    return {"version": platform.python_version(), "implementation": platform.python_implementation(),
-            "executable": sys.executable}
+    return {"version": platform.python_version(),
+            "implementation": platform.python_implementation(), "executable": sys.executable}
 
 
 def collect_os() -> dict[str, Any]:
@@ -135,7 +135,8 @@ def collect_gpus() -> dict[str, Any]:
                 "name": _s(pynvml.nvmlDeviceGetName(h)),
                 "memory_total_bytes": int(mem.total) if mem else None,
                 "sm_clock_mhz": _nvml_call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-                "mem_clock_mhz": _nvml_call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+                "mem_clock_mhz": _nvml_call(pynvml.nvmlDeviceGetClockInfo, h,
+                                            pynvml.NVML_CLOCK_MEM),
                 "sm_clock_max_mhz": _nvml_call(pynvml.nvmlDeviceGetMaxClockInfo, h,
                                                pynvml.NVML_CLOCK_SM),
                 "power_limit_w": plimit / 1000.0 if plimit is not None else None,  # mW -> W

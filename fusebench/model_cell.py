@@ -12,9 +12,11 @@ import psutil
 import torch
 import torch.nn as nn
 
+from fusebench.distributed import RankRun
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import PeakMemory, SavedTensorBytes
+from fusebench.measure.telemetry import GpuTelemetry
 from fusebench.measure.timer import time_call, time_steps
 from fusebench.spec import CellSpec, Correctness, ErrorInfo, Record, StepStats
 
@@ -54,7 +56,9 @@ class Step:
     autocast: Callable
     opt: torch.optim.Optimizer | None = None
 
-    def run(self, update: bool = True) -> corr.StepResult:
+    def run(self, update: bool = True, seed: int | None = None) -> corr.StepResult:
+        if seed is not None:   # same dropout masks for the mode and its reference
+            torch.manual_seed(seed)
         if not self.train:
             with torch.inference_mode(), self.autocast():
                 out = _first_tensor(self.fn(self.x))
@@ -74,8 +78,11 @@ class Step:
         self.run()
 
 
+CHECK_SEED = 12345
+
+
 def _eager_step(model: nn.Module, x, target, train: bool, autocast) -> corr.StepResult:
-    return Step(model, model, x, target, train, autocast).run(update=False)
+    return Step(model, model, x, target, train, autocast).run(update=False, seed=CHECK_SEED)
 
 
 class Reference:
@@ -142,11 +149,18 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         x = torch.randn(spec.batch_size, c, h, w, generator=gen).to(device, dtype)
         x = x.contiguous(memory_format=fmt)
         target = torch.randint(0, 1000, (spec.batch_size,), generator=gen).to(device)
-        ref = Reference(model, spec, autocast) if spec.check and spec.mode != "eager" else None
+        # distributed: every rank uses the same seed and input, so DDP-averaged gradients equal
+        # the single-process reference; eager is checked too (the wrapper is what's tested)
+        dist = RankRun.from_spec(spec)
+        ref = (Reference(model, spec, autocast) if spec.check and (spec.mode != "eager" or dist)
+               else None)
         init_state = copy.deepcopy(model.state_dict()) if ref else None
+        flop_model = copy.deepcopy(model) if dist else model   # sharded params cannot be counted
 
         mode = get_mode(spec.mode)
         ok, reason = mode.available(opts, spec.device)
+        if ok and dist:
+            ok, reason = dist.supports(spec.mode)
         if not ok:
             return Record.for_spec(spec, "unavailable", events=events.events(),
                                    error=ErrorInfo("Unavailable", reason), **base)
@@ -154,14 +168,16 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         mem = PeakMemory(device)
         mem.reset()
         phase("compile")
+        run_model = dist.wrap(mode, model, (x,), opts, events) if dist else model
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if train else None
 
         def first():
-            fn = mode.prepare(model, (x,), opts, events)
+            fn = mode.prepare(run_model, (x,), opts, events)
             step = Step(fn, model, x, target, train, autocast, opt)
-            return step, step.run()
+            return step, step.run(seed=CHECK_SEED)
         compile_s, (step, first_res) = time_call(first, device)
-        first_res = corr.StepResult(first_res.out.clone(), _clone(first_res.grads))
+        first_res = corr.StepResult(first_res.out.clone(), _clone(
+            dist.full_grads(model) if dist and train else first_res.grads))
         first_peak = mem.peak()
 
         checks: list[corr.Check] = []
@@ -177,15 +193,17 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         for _ in range(spec.warmup):
             step()
         phase("timing")
-        telemetry = _telemetry(device)
-        with telemetry:
+        # NVML sampling thread during the timed steps (GPU only; absent NVML -> no fields)
+        with GpuTelemetry(spec.device) as telemetry:
             samples = time_steps(step, spec.steps, device)
         peak = max(mem.peak() or 0, first_peak or 0)
 
         if ref:
             phase("check")
-            state = copy.deepcopy(model.state_dict())
-            last = step.run(update=False)
+            state = dist.full_state_dict(model) if dist else copy.deepcopy(model.state_dict())
+            last = step.run(update=False, seed=CHECK_SEED)
+            if dist and train:
+                last = corr.StepResult(last.out, dist.full_grads(model))
             r64, eager, rdt = ref.run(state, x, target, fits64)
             checks.append(corr.check_step("steady", last, r64, eager, base_tol, rdt))
             del r64, eager, last
@@ -196,12 +214,12 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         events.add("noise", "fusebench",
                    f"noisy timing: IQR/median = {stats.iqr / stats.median:.0%} (> {NOISY:.0%})")
     act = _activation_bytes(step, model) if train else None
-    gflops, step_gflop = _flops(model, x, target, train, autocast)
+    gflops, step_gflop = _flops(flop_model, x, target, train, autocast)
     throughput = spec.batch_size / (stats.median / 1e3)
     extra = {"first_call_s": compile_s, "cell": spec.to_dict(), "input_shape": [c, h, w],
              "tflops": step_gflop / (stats.median / 1e3) / 1e3 if step_gflop else None,
-             "peak_mem_total_bytes": mem.total_peak(), **telemetry.fields(spec.batch_size,
-                                                                          stats)}
+             "peak_mem_total_bytes": mem.total_peak(),
+             **(telemetry.result(samples=spec.batch_size * spec.steps) or {})}
     correctness = None
     status = "ok"
     if checks:
@@ -256,24 +274,3 @@ def _flops(model, x, target, train, autocast) -> tuple[float | None, float | Non
     finally:
         del m
     return fwd / x.shape[0] / 1e9, total / 1e9
-
-
-class _NoTelemetry:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-    def fields(self, batch, stats) -> dict:
-        return {}
-
-
-def _telemetry(device: torch.device):
-    if device.type != "cuda":
-        return _NoTelemetry()
-    try:
-        from fusebench.measure.telemetry import GpuTelemetry
-    except ImportError:
-        return _NoTelemetry()
-    return GpuTelemetry(device.index or 0)

@@ -3,6 +3,7 @@ so bad input fails before anything runs or is written."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,7 @@ BENCHES = ("train", "infer")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SIZE = 8192        # a bigger side length is a typo, not a benchmark
 MAX_BATCH = 1 << 16
+MAX_STEPS = 1_000_000  # warm-up or timed steps beyond this are a typo, not a benchmark
 QUICK = dict(batch=4, img=96, warmup=2, steps=5)
 
 
@@ -37,6 +39,11 @@ class RunRequest:
     check: bool = True
     model_kwargs: tuple[str, ...] = ()
     mode_options: dict = field(default_factory=dict)
+    dist: str | None = None             # ddp | fsdp1 | fsdp2: launch each cell via torchrun
+    nproc: int | None = None            # processes per node
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
 
 
 def resolve_device(text: str) -> str:
@@ -72,6 +79,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
     from fusebench.models.source import coerce_kwargs, resolve_model
     from fusebench.modes import MODES, list_modes
     from fusebench.modes.options import check_option_values
+    from fusebench.distributed import validate as validate_dist
     from fusebench.plugins import load_plugins
 
     load_plugins()
@@ -81,9 +89,10 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got '{req.dtype}'")
     if req.amp and req.dtype != "float32":
         raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
-    if req.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0, got {req.timeout:g}")
+    if not math.isfinite(req.timeout) or req.timeout <= 0:   # nan/inf cannot be waited on
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {req.timeout:g}")
     device = resolve_device(req.device)
+    dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)
     if device == "cpu" and req.dtype == "float16":
         raise UsageError("--dtype float16 is not supported for training on CPU; use bfloat16")
 
@@ -96,22 +105,24 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
         mode_names = ["eager"] + [m for m in mode_names if m != "eager"]
 
     batches = (parse_int_list(req.batch_sizes, "batch size", maximum=MAX_BATCH)
-               if req.batch_sizes else [QUICK["batch"] if req.quick else 32])
+               if req.batch_sizes is not None else [QUICK["batch"] if req.quick else 32])
     sizes = (parse_int_list(req.img_sizes, "image size", maximum=MAX_SIZE)
-             if req.img_sizes else [QUICK["img"] if req.quick else None])
+             if req.img_sizes is not None else [QUICK["img"] if req.quick else None])
     warmup = req.warmup if req.warmup is not None else (QUICK["warmup"] if req.quick else 5)
     steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else 20)
     if warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {warmup}")
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
+    if max(warmup, steps) > MAX_STEPS:
+        raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
     kwargs = parse_kwargs(req.model_kwargs)
     benches = BENCHES if req.bench == "both" else (req.bench,)
     options = tuple(sorted((k, v) for k, v in req.mode_options.items() if v is not None))
 
     specs = []
     for src, bench, batch, size in itertools.product(sources, benches, batches, sizes):
-        coerce_kwargs(src, kwargs)           # unknown kwargs fail here, not in every worker
+        coerce_kwargs(src.factory, kwargs)   # unknown kwargs fail here, not in every worker
         if size is not None:
             src.validate_img_size(size)
         for mode in mode_names:
@@ -121,5 +132,5 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
                 warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
                     kwargs.items())), mode_options=options, timeout=req.timeout,
-                check=req.check))
+                check=req.check, extra=dist.to_extra() if dist else ()))
     return specs

@@ -47,7 +47,8 @@ def _cells(cmp: Comparison, r: Row) -> list[str]:
 
 
 def _geo_cells(cmp: Comparison, g) -> list[str]:
-    out = [f"geometric mean\n({g.cells} cell{'s' if g.cells != 1 else ''})", "", "" if cmp.kind == "runs" else g.label]
+    cells = f"({g.cells} cell{'s' if g.cells != 1 else ''})"
+    out = [f"geometric mean\n{cells}", "", "" if cmp.kind == "runs" else g.label]
     if cmp.kind == "runs":
         out.append(g.label)
     out.append("")

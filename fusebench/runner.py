@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusebench import distributed
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.worker import PHASE_PREFIX
 
@@ -58,9 +59,13 @@ class _Worker:
                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                "TRITON_CACHE_DIR": str(cache / "triton")}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        cmd = [sys.executable, "-m", "fusebench.worker", str(self.spec_path), str(self.out_path)]
+        self.dist = distributed.DistSettings.from_spec(spec)
+        if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
+            cmd = distributed.launch_command(self.dist, self.spec_path, self.out_path)
+            env = distributed.launch_env(self.dist, env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fusebench.worker", str(self.spec_path), str(self.out_path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
             start_new_session=True)   # own process group: we can kill it and its children
         self._threads = [threading.Thread(target=self._read_stdout, args=(on_phase,), daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
@@ -78,16 +83,20 @@ class _Worker:
             self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
 
     def kill(self) -> None:
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        try:
+            for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    self.proc.wait(wait)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            if self.dist:   # torchrun gives each rank its own session: kill those groups too
+                distributed.kill_ranks(self.out_path)
 
     def wait(self) -> Record:
         try:
@@ -100,8 +109,10 @@ class _Worker:
         finally:
             for t in self._threads:
                 t.join(timeout=2.0)
-        if self.out_path.is_file():
-            rec = Record.from_dict(json.loads(self.out_path.read_text()))
+        rec = (distributed.collect(self.spec, self.out_path) if self.dist
+               else Record.from_dict(json.loads(self.out_path.read_text()))
+               if self.out_path.is_file() else None)
+        if rec is not None:
             if rec.status != "ok":
                 rec = rec.replace(extra={**rec.extra, "exit_code": rc,
                                          "stderr_tail": self._tail()})
@@ -136,6 +147,9 @@ class _Worker:
 def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
             on_phase: Callable[[str], None] = lambda p: None) -> Record:
     """Run a cell; on OOM retry with a decayed batch size down to opts.min_batch."""
+    known = distributed.precheck(spec)     # a mode that cannot run under the wrapper
+    if known is not None:
+        return known
     failed: list[int] = []
     while True:
         w = _Worker(spec, opts, on_phase)

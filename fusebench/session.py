@@ -2,11 +2,13 @@
 finish, table at the end, exit code from the statuses. Shared by `run` and `kernel`."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from fusebench.errors import UsageError
 from fusebench.results import ResultsWriter, default_path, dumps
 from fusebench.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
@@ -16,6 +18,18 @@ EXIT_OK, EXIT_NOT_OK, EXIT_INTERRUPTED = 0, 1, 130
 
 def exit_code(records: list[Record]) -> int:
     return EXIT_OK if records and all(r.status == "ok" for r in records) else EXIT_NOT_OK
+
+
+def check_writable(folder: Path) -> None:
+    """--out must be (or be creatable in) a writable folder: found out before any cell runs,
+    not when the first finished cell cannot be saved. Writes nothing."""
+    p = folder.expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise UsageError(f"--out {folder}: {p} is not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {folder}: {p} is not writable")
 
 
 def _env() -> dict:
@@ -31,6 +45,8 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
     details = details or print_details
     # With --json, stdout carries only the document; everything for people goes to stderr.
     console = make_console(stderr=json_out)
+    if save:
+        check_writable(Path(out))
     path = default_path(out, short_model(stem).replace(":", "-")) if save else None
     writer = ResultsWriter(path, _env(), command=list(argv or []))
     interrupted = False
@@ -43,6 +59,7 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
     if save and not records:
         path = None          # nothing finished: no empty document left behind
     _after_run(writer, path)
+    records = writer.records()      # again: repro scripts add extra["repro"]
     if records:
         console.print(table(records))
         details(console, records)

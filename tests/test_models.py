@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from fusebench.cli import app
 from fusebench.errors import UsageError
-from fusebench.kernels import list_impls
+from fusebench.kernels import get_impl, list_impls
 from fusebench.measure.flops import count_params, forward_gflops_per_sample
 from fusebench.models import create_model, get_model_info, list_models
 from fusebench.models.layers import LayerNorm2d, make_divisible
@@ -33,6 +33,16 @@ REFERENCE_PARAMS = {
 
 ALL_MODELS = list_models()
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes gain nothing from intra-op threads, and on a busy machine OpenMP spin-waits
+    made the zoo forward/backward tests ~20x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # ----- zoo ------------------------------------------------------------------------------------
@@ -78,22 +88,26 @@ def test_forward_backward_channels_last(name):
 
 @pytest.mark.parametrize("impl", list_impls("ln2d"))
 def test_convnext_ln_impls_agree(impl):
+    ok, reason = get_impl("ln2d", impl).available("cpu")
+    if not ok:
+        pytest.skip(f"ln2d/{impl} unavailable: {reason}")
     torch.manual_seed(0)
-    ref = create_model("convnext_atto", num_classes=10).double().eval()
+    ref = create_model("convnext_atto", num_classes=10).eval()
     with torch.no_grad():   # layer scale 1 instead of 1e-6 so every block's LN really matters
         for name, p in ref.named_parameters():
             if name.endswith("gamma"):
                 p.fill_(1.0)
-    model = create_model("convnext_atto", num_classes=10, ln_impl=impl).double().eval()
+    model = create_model("convnext_atto", num_classes=10, ln_impl=impl).eval()
     model.load_state_dict(ref.state_dict())
     norms = [m for m in model.modules() if isinstance(m, LayerNorm2d)]
     assert norms and all(m.impl == impl for m in norms)
-    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         expected = ref(x)
-        torch.testing.assert_close(model(x), expected, rtol=1e-9, atol=1e-9)
+        tol = 1e-4 * expected.abs().max().item()     # float32 through 14 LNs (sqm: one-pass var)
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=tol)
         xcl = x.contiguous(memory_format=torch.channels_last)
-        torch.testing.assert_close(model(xcl), expected, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(model(xcl), expected, rtol=1e-4, atol=tol)
 
 
 def test_unknown_ln_impl_is_usage_error():
@@ -305,6 +319,15 @@ def test_list_kernels():
     assert r.exit_code == 0, r.output
     names = {row["name"] for row in json.loads(r.stdout)}
     assert {f"ln2d/{i}" for i in list_impls("ln2d")} == names
+
+
+def test_list_modes():
+    from fusebench.modes import list_modes
+    r = runner.invoke(app, ["list", "modes", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [row["name"] for row in rows] == list_modes()
+    assert all(isinstance(row["available"], bool) for row in rows)
 
 
 def test_info_json():

@@ -41,7 +41,8 @@ def _render(env: dict[str, Any], console: Console) -> None:
     _section(t, "os", env.get("os", {}), [("platform", "platform")])
     cpu = env.get("cpu", {})
     _section(t, "cpu", cpu, [("model", "model"), ("logical cores", "logical_cores"),
-                             ("physical cores", "physical_cores"), ("usable (affinity)", "affinity")])
+                             ("physical cores", "physical_cores"),
+                             ("usable (affinity)", "affinity")])
     mem = env.get("memory", {})
     if "error" in mem:
         _section(t, "memory", mem, [])

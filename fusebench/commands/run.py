@@ -35,6 +35,12 @@ class TsFuser(str, Enum):
     none = "none"
 
 
+class Dist(str, Enum):
+    ddp = "ddp"
+    fsdp1 = "fsdp1"
+    fsdp2 = "fsdp2"
+
+
 class AotCompiler(str, Enum):
     nop = "nop"
     ts = "ts"
@@ -91,6 +97,15 @@ def run(
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip correctness vs eager.")]
     = False,
     seed: Annotated[int, typer.Option()] = 0,
+    nproc: Annotated[Optional[int], typer.Option(
+        "--nproc", help="Processes per node for --dist (torchrun).")] = None,
+    dist: Annotated[Optional[Dist], typer.Option(
+        "--dist", help="Data-parallel wrapper: ddp, fsdp1 (use_orig_params) or fsdp2.")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node --dist).")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank.")] = 0,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option(
+        "--rdzv-endpoint", help="HOST:PORT of node 0 (default: 127.0.0.1, a free port).")]
+    = None,
     out: Annotated[Path, typer.Option(help="Folder for the results document.")] = Path("results"),
     no_save: Annotated[bool, typer.Option("--no-save")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only the results document "
@@ -109,7 +124,9 @@ def run(
                       "aot_compiler": _value(aot_compiler),
                       "aot_partitioner": _value(aot_partitioner),
                       "compile_backend": compile_backend, "compile_mode": compile_mode,
-                      "compile_fallback": compile_fallback})
+                      "compile_fallback": compile_fallback},
+        dist=_value(dist), nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint)
     specs = plan_run(req)
     code = execute(specs, stem=model.split(",")[0], out=out, save=not no_save,
                    json_out=json_out, warm_cache=warm_cache, retry_oom=not no_retry,

@@ -6,6 +6,9 @@ Same architecture, hence the same parameter counts, as timm `efficientnet_bN` an
 Default input sizes: train = timm's default pretrained cfg `input_size`, infer = its
 `test_input_size` where it has one (timm/models/efficientnet.py default_cfgs); B5-B7 use the
 paper / torchvision resolutions 456/528/600 for both.
+
+Dropout defaults to 0 (as timm's create_model) so a train step is deterministic and modes can be
+checked against eager like for like; `--model-kwarg drop_rate=0.2` gives the paper's setting.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ HEAD_CHS = 1280
 
 class EfficientNet(nn.Module):
     def __init__(self, width_mult: float, depth_mult: float, *, num_classes: int = 1000,
-                 in_chans: int = 3, drop_rate: float = 0.2, drop_path_rate: float = 0.0):
+                 in_chans: int = 3, drop_rate: float = 0.0, drop_path_rate: float = 0.0):
         super().__init__()
         stem_chs = make_divisible(STEM_CHS * width_mult)
         self.stem = ConvBNAct(in_chans, stem_chs, 3, stride=2)
@@ -87,56 +90,56 @@ def _efficientnet(width: float, depth: float, num_classes: int, drop_rate: float
 
 
 @register_model(family="efficientnet", train_size=224, infer_size=224)
-def efficientnet_b0(*, num_classes: int = 1000, drop_rate: float = 0.2,
+def efficientnet_b0(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B0 (width 1.0, depth 1.0), 5.3M params."""
     return _efficientnet(1.0, 1.0, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=240, infer_size=288)
-def efficientnet_b1(*, num_classes: int = 1000, drop_rate: float = 0.2,
+def efficientnet_b1(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B1 (width 1.0, depth 1.1), 7.8M params."""
     return _efficientnet(1.0, 1.1, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=256, infer_size=288)
-def efficientnet_b2(*, num_classes: int = 1000, drop_rate: float = 0.3,
+def efficientnet_b2(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B2 (width 1.1, depth 1.2), 9.1M params."""
     return _efficientnet(1.1, 1.2, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=288, infer_size=320)
-def efficientnet_b3(*, num_classes: int = 1000, drop_rate: float = 0.3,
+def efficientnet_b3(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B3 (width 1.2, depth 1.4), 12.2M params."""
     return _efficientnet(1.2, 1.4, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=320, infer_size=384)
-def efficientnet_b4(*, num_classes: int = 1000, drop_rate: float = 0.4,
+def efficientnet_b4(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B4 (width 1.4, depth 1.8), 19.3M params."""
     return _efficientnet(1.4, 1.8, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=456, infer_size=456)
-def efficientnet_b5(*, num_classes: int = 1000, drop_rate: float = 0.4,
+def efficientnet_b5(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B5 (width 1.6, depth 2.2), 30.4M params."""
     return _efficientnet(1.6, 2.2, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=528, infer_size=528)
-def efficientnet_b6(*, num_classes: int = 1000, drop_rate: float = 0.5,
+def efficientnet_b6(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B6 (width 1.8, depth 2.6), 43.0M params."""
     return _efficientnet(1.8, 2.6, num_classes, drop_rate, drop_path_rate)
 
 
 @register_model(family="efficientnet", train_size=600, infer_size=600)
-def efficientnet_b7(*, num_classes: int = 1000, drop_rate: float = 0.5,
+def efficientnet_b7(*, num_classes: int = 1000, drop_rate: float = 0.0,
                     drop_path_rate: float = 0.0) -> EfficientNet:
     """EfficientNet-B7 (width 2.0, depth 3.1), 66.3M params."""
     return _efficientnet(2.0, 3.1, num_classes, drop_rate, drop_path_rate)

@@ -24,14 +24,19 @@
 namespace {
 
 constexpr int64_t kBlock = 64;  // H*W positions per task: 4 AVX-512 vectors; C x kBlock in L1
+constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, threads cost more
+
+int64_t grain(int64_t elems_per_item) {
+  return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, elems_per_item));
+}
 
 template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
 
 // Split [0, n) into at most `parts` fixed chunks; fn(chunk_index, begin, end) runs in parallel.
 template <typename F>
-void parallel_chunks(int64_t n, int64_t parts, const F& fn) {
-  parts = std::max<int64_t>(1, std::min(parts, n));
+void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn) {
+  parts = std::max<int64_t>(1, std::min(parts, (n + grain_items - 1) / grain_items));
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) fn(p, p * n / parts, (p + 1) * n / parts);
   });
@@ -42,7 +47,7 @@ template <typename T, typename A>
 void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t N, int64_t C,
               int64_t HW, double eps) {
   const int64_t nblk = (HW + kBlock - 1) / kBlock;
-  at::parallel_for(0, N * nblk, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, N * nblk, grain(C * kBlock), [&](int64_t t0, int64_t t1) {
     alignas(64) A k[kBlock], m[kBlock], m2[kBlock];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = t / nblk, hw0 = (t % nblk) * kBlock;
@@ -87,7 +92,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
   const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
   std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
   const A invC = A(1) / A(C);
-  parallel_chunks(N * nblk, parts, [&](int64_t p, int64_t t0, int64_t t1) {
+  parallel_chunks(N * nblk, parts, grain(C * kBlock), [&](int64_t p, int64_t t0, int64_t t1) {
     alignas(64) A kk[kBlock], mm[kBlock], rr[kBlock], sg[kBlock], sgx[kBlock];
     A* dwp = pdw.data() + p * C;
     A* dbp = pdb.data() + p * C;
@@ -141,7 +146,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
 template <typename T, typename A>
 void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t rows, int64_t C,
               double eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
@@ -172,7 +177,7 @@ void bwd_nhwc(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
   const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
   std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
   const A invC = A(1) / A(C);
-  parallel_chunks(rows, parts, [&](int64_t p, int64_t r0, int64_t r1) {
+  parallel_chunks(rows, parts, grain(C), [&](int64_t p, int64_t r0, int64_t r1) {
     A* dwp = pdw.data() + p * C;
     A* dbp = pdb.data() + p * C;
     for (int64_t r = r0; r < r1; ++r) {

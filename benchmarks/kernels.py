@@ -1,0 +1,68 @@
+"""LN2d roofline check, one process, ratios from one run: 32x96x56x56 float32, fwd+bwd.
+
+    python benchmarks/kernels.py [--shape 32,96,56,56] [--steps 15]
+
+Prints each impl's median time, GB/s, % of the copy bandwidth measured in the same run, and
+saved activation bytes; then the targets: cpu >= 3x the faster of permute/sqm, >= 70% of copy,
+saved bytes <= 0.5x sqm's. With CUDA: triton vs copy (target >= 85%)."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fusebench.kernels.bench import KernelRequest, plan_kernel, run_cell
+
+
+def measure(impls: str, shape: str, device: str, steps: int) -> dict[str, dict]:
+    specs = plan_kernel(KernelRequest("ln2d", impls=impls, shapes=(shape,), device=device,
+                                      direction="fwdbwd", warmup=3, steps=steps))
+    out = {}
+    for spec in specs:
+        r = run_cell(spec, lambda p: None)
+        d = r.to_dict()
+        out[d["impl"]] = d
+        ms = f"{d['step_ms']['median']:8.2f} ms" if d["step_ms"] else "       -   "
+        gb = f"{d['gbps']:6.2f} GB/s {d['pct_of_copy']:5.1f}% of copy" if d["gbps"] else ""
+        act = f"saved {d['activation_bytes'] / 1e6:7.1f} MB" if d["activation_bytes"] else ""
+        print(f"{device:5s} {d['impl']:14s} {d['status']:11s} {ms} {gb}  {act}"
+              + (f"  ({d['error']['message']})" if d["error"] else ""), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="32,96,56,56")
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--cuda-only", action="store_true", help="skip the CPU part")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if not args.cuda_only:
+        cpu_part(args)
+    if torch.cuda.is_available():
+        cuda_part(args)
+
+
+def cpu_part(args) -> None:
+    r = measure("permute,sqm,channels_last,function,cpu", args.shape, "cpu", args.steps)
+    cpu = r["cpu"]
+    best = min(r["permute"]["step_ms"]["median"], r["sqm"]["step_ms"]["median"])
+    ratio = best / cpu["step_ms"]["median"]
+    act = cpu["activation_bytes"] / r["sqm"]["activation_bytes"]
+    print(f"\ncopy bandwidth this run: {cpu['copy_gbps']:.2f} GB/s out-of-place (fresh output), "
+          f"{cpu['copy_prealloc_gbps']:.2f} GB/s into a preallocated tensor")
+    print(f"cpu vs faster of permute/sqm: {ratio:.2f}x   (target >= 3x)")
+    print(f"cpu % of copy bandwidth:      {cpu['pct_of_copy']:.0f}%   (target >= 70%)")
+    print(f"cpu saved bytes / sqm's:      {act:.2f}   (target <= 0.5)")
+
+
+def cuda_part(args) -> None:
+    g = measure("permute,sqm,function,triton", args.shape, "cuda", max(args.steps, 50))
+    t = g["triton"]
+    if t["gbps"]:
+        print(f"\ntriton % of copy bandwidth: {t['pct_of_copy']:.0f}% of "
+              f"{t['copy_gbps']:.0f} GB/s  (target >= 85%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""Distributed cells: torchrun launch, DDP / FSDP1 / FSDP2 wrapping, one aggregated record.
+
+Coordinator side (runner): `launch_command` starts `python -m torch.distributed.run ... -m
+fusebench.distributed SPEC OUT`; every rank writes OUT with a `.rankR` suffix and its pid file;
+`collect` turns the rank files into one Record with `world_size`, global samples/s and per-rank
+step medians.
+
+Rank side (this module's `main`): process group (gloo on CPU, nccl on CUDA with the LOCAL_RANK
+device) -> the ordinary model cell, which calls `RankRun.wrap` after the build. Every rank builds
+the same model from the same seed and feeds the same input, so data-parallel averaged gradients
+equal the single-process reference gradients: the correctness check of every mode still holds.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fusebench.errors import UsageError
+from fusebench.spec import CellSpec, Correctness, ErrorInfo, Event, Record, StepStats
+
+DIST_KINDS = ("ddp", "fsdp1", "fsdp2")
+EXTRA_KEYS = ("dist", "nproc", "nnodes", "node_rank", "rdzv_endpoint")
+LOOPBACK = "127.0.0.1"   # single-node rendezvous never leaves the machine
+NONOK_ORDER = ("crashed", "oom", "timeout", "error", "mismatch", "unavailable")
+
+# mode x wrapper pairs that cannot work, measured on torch 2.13 (CPU, gloo, 2 ranks) with a
+# conv/BN/GELU model; every other pair runs, and an unexpected failure is an `error` record.
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    **{("torchscript", k): (f"torch.jit.script/trace cannot compile a {k.upper()}-wrapped model "
+                            "(script: forward(*args, **kwargs) is unsupported; trace: the "
+                            "process group is not part of the trace)") for k in DIST_KINDS},
+    ("aot", "fsdp1"): ("functorch aot_module cannot trace FSDP1's flat-parameter views "
+                       "(aten.detach multiple-dispatch failure)"),
+    ("aot", "fsdp2"): ("functorch aot_module cannot trace FSDP2's DTensor parameters "
+                       "(invalid python storage)"),
+}
+
+
+@dataclass(frozen=True)
+class DistSettings:
+    kind: str                           # ddp | fsdp1 | fsdp2
+    nproc: int                          # processes per node
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None    # host:port of node 0; None: loopback, a free port
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def to_extra(self) -> tuple[tuple[str, Any], ...]:
+        return (("dist", self.kind), ("nnodes", self.nnodes), ("node_rank", self.node_rank),
+                ("nproc", self.nproc), ("rdzv_endpoint", self.rdzv_endpoint))
+
+    @classmethod
+    def from_spec(cls, spec: CellSpec) -> "DistSettings | None":
+        extra = dict(spec.extra)
+        if not extra.get("dist"):
+            return None
+        return cls(kind=extra["dist"], nproc=int(extra["nproc"]),
+                   nnodes=int(extra.get("nnodes") or 1), node_rank=int(extra.get("node_rank") or 0),
+                   rdzv_endpoint=extra.get("rdzv_endpoint"))
+
+
+def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
+             rdzv_endpoint: str | None = None) -> DistSettings | None:
+    """CLI values -> settings, or None for a single-process run. Bad values are a UsageError."""
+    multi_node = nnodes != 1 or node_rank != 0 or rdzv_endpoint is not None
+    if dist is None:
+        if nproc not in (None, 1) or multi_node:
+            raise UsageError("--nproc/--nnodes/--node-rank/--rdzv-endpoint need --dist "
+                             f"({'|'.join(DIST_KINDS)})")
+        return None
+    if dist not in DIST_KINDS:
+        raise UsageError(f"--dist must be one of {', '.join(DIST_KINDS)}, got '{dist}'")
+    if nproc is None or nproc < 1:
+        raise UsageError(f"--dist {dist} needs --nproc N (processes per node), N >= 1")
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank must be in [0, {nnodes - 1}], got {node_rank}")
+    if nproc * nnodes < 2:
+        raise UsageError(f"--dist {dist} needs a world of >= 2 processes (--nproc > 1 or "
+                         "--nnodes > 1)")
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
+    if rdzv_endpoint is not None:
+        host, sep, port = rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--rdzv-endpoint must be HOST:PORT, got '{rdzv_endpoint}'")
+    return DistSettings(dist, nproc, nnodes, node_rank, rdzv_endpoint)
+
+
+def supports(mode: str, kind: str) -> tuple[bool, str]:
+    reason = UNSUPPORTED.get((mode, kind))
+    return (False, f"{mode} under {kind}: {reason}") if reason else (True, "")
+
+
+def precheck(spec: CellSpec) -> Record | None:
+    """An `unavailable` record for a mode x wrapper pair known not to work (no launch needed)."""
+    d = DistSettings.from_spec(spec)
+    ok, reason = supports(spec.mode, d.kind) if d else (True, "")
+    if ok:
+        return None
+    return Record.for_spec(spec, "unavailable", error=ErrorInfo("Unavailable", reason),
+                           extra={"world_size": d.world_size, "dist": d.kind,
+                                  "cell": spec.to_dict()})
+
+
+# --- coordinator side -------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def launch_command(d: DistSettings, spec_path: Path, out_path: Path) -> list[str]:
+    """torchrun with the current interpreter; static rendezvous so --node-rank is honoured."""
+    endpoint = d.rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={d.nproc}",
+            f"--nnodes={d.nnodes}", f"--node-rank={d.node_rank}", f"--rdzv-endpoint={endpoint}",
+            "--max-restarts=0", "-m", "fusebench.distributed", str(spec_path), str(out_path)]
+
+
+def launch_env(d: DistSettings, env: dict[str, str]) -> dict[str, str]:
+    env = dict(env)
+    if d.nnodes == 1:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")      # single node: loopback only
+    # torchrun would set 1 thread per rank; split the cores instead (unless the user chose)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // d.nproc)))
+    return env
+
+
+def rank_path(out_path: Path, rank: int, suffix: str = ".json") -> Path:
+    return Path(out_path).with_name(f"{Path(out_path).stem}.rank{rank}{suffix}")
+
+
+def kill_ranks(out_path: Path) -> None:
+    """Kill every rank's process group (torchrun starts each rank in its own session, so the
+    runner's kill of torchrun's group does not reach them)."""
+    for pid_file in Path(out_path).parent.glob(f"{Path(out_path).stem}.rank*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def collect(spec: CellSpec, out_path: Path) -> Record | None:
+    """One record from the rank files this node has; None when no rank wrote one."""
+    d = DistSettings.from_spec(spec)
+    recs = {}
+    for path in Path(out_path).parent.glob(f"{Path(out_path).stem}.rank*.json"):
+        with contextlib.suppress(ValueError, OSError):
+            rank = int(path.stem.rsplit(".rank", 1)[1])
+            recs[rank] = Record.from_dict(json.loads(path.read_text()))
+    return aggregate(spec, d, recs) if recs else None
+
+
+def aggregate(spec: CellSpec, d: DistSettings, recs: dict[int, Record]) -> Record:
+    """Rank records -> one. ok only if every rank is ok; throughput = sum over ranks of batch /
+    median; step_ms = the slowest rank's (a synchronous step waits for it); peak memory = max."""
+    local = sorted(recs)
+    expected = range(d.node_rank * d.nproc, (d.node_rank + 1) * d.nproc)
+    missing = [r for r in expected if r not in recs]
+    dist_extra = {"world_size": d.world_size, "dist": d.kind, "nproc": d.nproc,
+                  "nnodes": d.nnodes, "node_rank": d.node_rank, "ranks_reported": local}
+    bad = [recs[r] for r in local if recs[r].status != "ok"]
+    if bad or missing:
+        worst = min(bad, key=lambda r: NONOK_ORDER.index(r.status)) if bad else None
+        if worst is None:
+            worst = Record.for_spec(spec, "crashed", error=ErrorInfo(
+                "Crashed", f"rank(s) {missing} wrote no record (killed when another rank "
+                           "failed, or crashed)"))
+        status = worst.status
+        by_msg: dict[str, list[int]] = {}      # ranks failing the same way: one line
+        for r in local:
+            if recs[r].status != "ok":
+                text = recs[r].status + (f": {recs[r].error.message}" if recs[r].error else "")
+                by_msg.setdefault(text, []).append(r)
+        if missing:
+            by_msg["no record"] = missing
+        msg = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} {text}"
+                        for text, rs in by_msg.items())
+        err = ErrorInfo(worst.error.type if worst.error else status, msg)
+        return worst.replace(status=status, error=err, extra={**worst.extra, **dist_extra})
+
+    first = recs[local[0]]
+    ranks = first.extra.get("dist_ranks") or [
+        {"rank": r, "batch_size": recs[r].batch_size, "median_ms": recs[r].step_ms.median,
+         "peak_mem_bytes": recs[r].peak_mem_bytes} for r in local]
+    slowest = max(local, key=lambda r: recs[r].step_ms.median)
+    throughput = sum(x["batch_size"] / (x["median_ms"] / 1e3) for x in ranks)
+    peaks = [x["peak_mem_bytes"] for x in ranks if x["peak_mem_bytes"] is not None]
+    extra = {k: v for k, v in first.extra.items() if k not in ("dist_ranks", "rank")}
+    extra.update(dist_extra, rank_step_ms_median={str(x["rank"]): x["median_ms"] for x in ranks},
+                 rank_peak_mem_bytes={str(x["rank"]): x["peak_mem_bytes"] for x in ranks},
+                 global_batch_size=sum(x["batch_size"] for x in ranks),
+                 ranks_measured=[x["rank"] for x in ranks])
+    return first.replace(
+        throughput=throughput, step_ms=recs[slowest].step_ms,
+        peak_mem_bytes=max(peaks) if peaks else None, events=_merge_events(recs),
+        correctness=_merge_correctness(recs), extra=extra,
+        status="ok" if all(recs[r].status == "ok" for r in local) else recs[slowest].status)
+
+
+def _merge_events(recs: dict[int, Record]) -> tuple[Event, ...]:
+    """Ranks do the same work: an event is kept once, with the largest count any rank saw."""
+    merged: dict[tuple[str, str, str], int] = {}
+    for r in sorted(recs):
+        for e in recs[r].events:
+            key = (e.kind, e.source, e.message)
+            merged[key] = max(merged.get(key, 0), e.count)
+    return tuple(Event(k, s, m, c) for (k, s, m), c in merged.items())
+
+
+def _merge_correctness(recs: dict[int, Record]) -> Correctness | None:
+    cs = {r: recs[r].correctness for r in sorted(recs) if recs[r].correctness}
+    if not cs:
+        return None
+
+    def worst(attr):
+        vals = [getattr(c, attr) for c in cs.values() if getattr(c, attr) is not None]
+        return max(vals) if vals else None
+    first = next(iter(cs.values()))
+    return Correctness(passed=all(c.passed for c in cs.values()),
+                       max_rel_err_out=worst("max_rel_err_out"),
+                       max_rel_err_grad=worst("max_rel_err_grad"), checked_at=first.checked_at,
+                       detail="; ".join(f"rank {r}: {c.detail}" for r, c in cs.items()))
+
+
+# --- rank side --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls) -> "RankEnv":
+        return cls(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+                   int(os.environ["WORLD_SIZE"]))
+
+
+def init_process_group(device_type: str, env: RankEnv) -> str:
+    """gloo on CPU, nccl on CUDA (one device per local rank). Returns the rank's device."""
+    import torch
+    import torch.distributed as dist
+    if device_type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", env.local_rank))
+        return f"cuda:{env.local_rank}"
+    dist.init_process_group("gloo")
+    return "cpu"
+
+
+class RankRun:
+    """The model cell's view of the distributed run: wrap after build, gather full gradients and
+    state for the correctness check. Everything here is collective: every rank calls it."""
+
+    def __init__(self, settings: DistSettings):
+        self.settings = settings
+        self.kind = settings.kind
+        self.wrapped = None
+        self.inner = None
+
+    @classmethod
+    def from_spec(cls, spec: CellSpec) -> "RankRun | None":
+        import torch.distributed as dist
+        d = DistSettings.from_spec(spec)
+        if d is None:
+            return None
+        if not dist.is_initialized():
+            raise RuntimeError("a distributed cell must run under torchrun (python -m "
+                               "fusebench.distributed), not python -m fusebench.worker")
+        return cls(d)
+
+    def supports(self, mode: str) -> tuple[bool, str]:
+        return supports(mode, self.kind)
+
+    def wrap(self, mode, model, example_inputs, options, events):
+        """Rewrite (modes that swap submodules must do it before the wrapper records the
+        parameters) then wrap. Returns the module to hand to mode.prepare."""
+        import torch
+        rewrite = getattr(mode, "rewrite", None)
+        if rewrite is not None:
+            model = rewrite(model, example_inputs, options, events)
+        device = next(model.parameters()).device
+        self.inner = model
+        if self.kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        elif self.kind == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            # device_id: FSDP1 refuses CPU modules unless told the device explicitly
+            self.wrapped = FSDP(model, use_orig_params=True,
+                                device_id=device if device.type == "cuda" else torch.device("cpu"))
+        else:
+            from torch.distributed.fsdp import fully_shard
+            self.wrapped = fully_shard(model)
+        events.add("info", "distributed",
+                   f"{self.kind} over {torch.distributed.get_world_size()} ranks "
+                   f"({torch.distributed.get_backend()})")
+        return self.wrapped
+
+    def full_grads(self, model) -> dict:
+        """Unsharded parameter gradients by the unwrapped model's parameter names."""
+        if self.kind == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            with FSDP.summon_full_params(self.wrapped, with_grads=True):
+                return {n: (p.grad.detach().clone() if p.grad is not None else None)
+                        for n, p in model.named_parameters() if p.requires_grad}
+        return {n: (_full(p.grad).detach().clone() if p.grad is not None else None)
+                for n, p in model.named_parameters() if p.requires_grad}
+
+    def full_state_dict(self, model) -> dict:
+        """Unsharded state dict with the unwrapped model's names (the reference loads it)."""
+        if self.kind == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import StateDictType
+            with FSDP.state_dict_type(self.wrapped, StateDictType.FULL_STATE_DICT):
+                state = self.wrapped.state_dict()
+        else:
+            state = model.state_dict()
+        return {k: _full(v).detach().clone() for k, v in state.items()}
+
+
+def _full(t):
+    """A DTensor (FSDP2) gathered to a plain tensor; anything else as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _summary(rec: dict, rank: int) -> dict:
+    return {"rank": rank, "batch_size": rec["batch_size"],
+            "median_ms": (rec.get("step_ms") or {}).get("median"),
+            "peak_mem_bytes": rec.get("peak_mem_bytes"), "host": socket.gethostname()}
+
+
+def main(argv: list[str]) -> int:
+    """One rank: `torchrun ... -m fusebench.distributed SPEC OUT`. Writes OUT.rankR.json."""
+    from fusebench import worker
+    from fusebench.results import write_atomic
+
+    spec_path, out_path = Path(argv[1]), Path(argv[2])
+    env = RankEnv.from_env()
+    write_atomic(rank_path(out_path, env.rank, ".pid"), str(os.getpid()))
+    spec_dict = json.loads(spec_path.read_text())
+    device = init_process_group(spec_dict.get("device", "cpu").split(":")[0], env)
+    record = worker.run({**spec_dict, "device": device})
+    record["device"] = spec_dict.get("device", device)        # the aggregate names the kind
+    record["rank"] = env.rank
+    path = rank_path(out_path, env.rank)
+    write_atomic(path, json.dumps(record, allow_nan=False))
+    code = 0
+    if record["status"] == "ok":
+        # every rank got here: share per-rank figures so each node's record is global
+        import torch.distributed as dist
+        gathered: list = [None] * env.world_size
+        dist.all_gather_object(gathered, _summary(record, env.rank))
+        record["dist_ranks"] = gathered
+        write_atomic(path, json.dumps(record, allow_nan=False))
+        dist.destroy_process_group()
+    else:
+        code = 1   # torchrun then stops the other ranks, which may wait in a collective
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # as the worker: skip teardown once the record is safe on disk
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

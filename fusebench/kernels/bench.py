@@ -1,0 +1,416 @@
+"""Kernel cells: plan them from CLI arguments, run one in a worker (`run_cell`).
+
+A kernel cell is one impl x mode x shape x direction. It measures the median time (and IQR),
+effective GB/s from a bytes model, that as a % of a copy of the same tensor timed in the same
+cell, the activation bytes saved for backward, and correctness vs a float64 reference on fresh
+random inputs at the first call and again after timing."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from fusebench.errors import UsageError, unknown_name
+from fusebench.measure.events import EventLog
+from fusebench.registry import parse_int_list, parse_list
+from fusebench.spec import CellSpec, Correctness, ErrorInfo, Record, StepStats
+
+DIRECTIONS = ("fwd", "bwd", "fwdbwd")
+DIMS = "NCHW"
+EPS = 1e-6
+TOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+BENCH_FAMILIES = ("ln2d",)   # families with a problem definition below (inputs, reference, bytes)
+
+
+# ------------------------------------------------------------------------------------ planning
+@dataclasses.dataclass(frozen=True)
+class KernelRequest:
+    family: str
+    impls: str = "all"
+    shapes: tuple[str, ...] = ("8,96,56,56",)
+    sweep: str | None = None
+    dtype: str = "float32"
+    channels_last: bool = False
+    direction: str = "fwdbwd"
+    modes: str = "eager"
+    device: str = "cpu"
+    warmup: int = 3
+    steps: int = 10
+    seed: int = 0
+    timeout: float = 900.0
+
+
+def parse_shape(text: str) -> list[int]:
+    dims = parse_int_list(text, "shape")
+    if len(dims) != 4:
+        raise UsageError(f"--shape '{text}': expected 4 comma-separated sizes N,C,H,W")
+    return dims
+
+
+def apply_sweep(shapes: list[list[int]], sweep: str | None) -> list[list[int]]:
+    """'C=32,64' -> every shape once per value of C."""
+    if not sweep:
+        return shapes
+    dim, sep, values = sweep.partition("=")
+    dim = dim.strip().upper()
+    if not sep or dim not in DIMS or len(dim) != 1:
+        raise UsageError(f"--sweep '{sweep}': expected DIM=v1,v2,... with DIM one of N, C, H, W")
+    vals = parse_int_list(values, f"--sweep {dim}")
+    out = []
+    for s in shapes:
+        for v in vals:
+            t = list(s)
+            t[DIMS.index(dim)] = v
+            out.append(t)
+    return out
+
+
+def is_user_impl(name: str) -> bool:
+    return ":" in name
+
+
+def load_user_impl(ref: str) -> Callable:
+    """'path/to/file.py:fn' -> fn. Every way this can fail is one clear UsageError."""
+    path, _, fn_name = ref.rpartition(":")
+    if not path or not fn_name.isidentifier():
+        raise UsageError(f"user impl '{ref}': expected path/to/file.py:function")
+    p = Path(path)
+    if p.suffix != ".py":
+        raise UsageError(f"user impl '{ref}': {path} is not a .py file")
+    if not p.is_file():
+        raise UsageError(f"user impl '{ref}': no such file {path}")
+    mod_name = f"fusebench_user_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, p)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise UsageError(f"user impl '{ref}': importing {path} failed: "
+                         f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        names = [n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("__")]
+        raise unknown_name(f"function in {path}", [fn_name], names)
+    if not callable(fn):
+        raise UsageError(f"user impl '{ref}': {fn_name} is not callable")
+    return fn
+
+
+def resolve_impls(family: str, text: str) -> list[str]:
+    from fusebench.kernels.registry import family as family_registry
+    reg = family_registry(family)
+    names = parse_list(text, "--impl")
+    if names == ["all"]:
+        return reg.names()
+    named = [n for n in names if not is_user_impl(n)]
+    reg.resolve(named)                      # every unknown name in one error
+    for n in names:
+        if is_user_impl(n):
+            load_user_impl(n)               # fail at planning time, not in a worker
+    return list(dict.fromkeys(names))
+
+
+def resolve_modes(text: str) -> list[str]:
+    from fusebench.modes import MODES, list_modes
+    names = parse_list(text, "--mode")
+    if names == ["all"]:
+        return list_modes()
+    list_modes()
+    MODES.resolve(names)
+    return list(dict.fromkeys(names))
+
+
+def plan_kernel(req: KernelRequest) -> list[CellSpec]:
+    from fusebench.kernels.registry import families
+    if req.family not in families():
+        raise unknown_name("kernel family", [req.family], families())
+    if req.family not in BENCH_FAMILIES:
+        raise UsageError(f"kernel family '{req.family}' has no benchmark definition yet "
+                         f"(benchmarkable: {', '.join(BENCH_FAMILIES)})")
+    if req.direction not in DIRECTIONS:
+        raise UsageError(f"--direction must be one of {', '.join(DIRECTIONS)}, "
+                         f"got '{req.direction}'")
+    if req.dtype not in DTYPES:
+        raise unknown_name("dtype", [req.dtype], DTYPES)
+    if req.warmup < 0 or req.steps < 1:
+        raise UsageError("--warmup must be >= 0 and --steps >= 1")
+    impls = resolve_impls(req.family, req.impls)
+    modes = resolve_modes(req.modes)
+    shapes = apply_sweep([parse_shape(s) for s in req.shapes], req.sweep)
+    specs = []
+    for shape in shapes:
+        for impl in impls:
+            for mode in modes:
+                extra = (("direction", req.direction), ("impl", impl), ("shape", list(shape)))
+                specs.append(CellSpec(
+                    model=req.family, mode=mode, bench=req.direction, batch_size=shape[0],
+                    img_size=shape[2], channels_last=req.channels_last, dtype=req.dtype,
+                    device=req.device, warmup=req.warmup, steps=req.steps, seed=req.seed,
+                    timeout=req.timeout, kind="kernel", extra=extra))
+    return specs
+
+
+# ------------------------------------------------------------------------------------ problem
+class ImplModule(nn.Module):
+    """Holds weight/bias as Parameters so an impl fn can go through any mode's prepare()."""
+
+    def __init__(self, fn: Callable, C: int, dtype: torch.dtype, device, eps: float = EPS):
+        super().__init__()
+        self.fn = fn
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(C, dtype=dtype, device=device))
+
+    def forward(self, x):
+        return self.fn(x, self.weight, self.bias, self.eps)
+
+
+def make_inputs(shape, dtype, device, channels_last: bool, seed: int):
+    """x, dy, weight, bias: random (a weight of ones would hide a transposed broadcast)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    dy = torch.randn(shape, generator=g)
+    w = 1 + 0.5 * torch.randn(shape[1], generator=g)
+    b = 0.5 * torch.randn(shape[1], generator=g)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x, dy = (t.to(device=device, dtype=dtype).contiguous(memory_format=fmt) for t in (x, dy))
+    return x, dy, w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+
+
+def bytes_moved(shape, dtype: torch.dtype, direction: str) -> int:
+    """Minimum memory traffic. fwd: read x, write y; bwd: read x and dy, write dx; plus the
+    weight/bias reads and dweight/dbias writes. Per-position statistics are left out."""
+    n = math.prod(shape)
+    es = torch.empty((), dtype=dtype).element_size()
+    C = shape[1]
+    fwd = (2 * n + 2 * C) * es
+    bwd = (3 * n + 3 * C) * es
+    return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[direction]
+
+
+def _reference(x, dy, w, b, direction: str):
+    from fusebench.kernels.ln2d.reference import ln2d_reference
+    xd, wd, bd = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y = ln2d_reference(xd, wd, bd, EPS)
+    if direction == "fwd":
+        return y.detach(), None
+    gx, gw, gb = torch.autograd.grad(y, (xd, wd, bd), dy.double())
+    return y.detach(), {"dx": gx, "dweight": gw, "dbias": gb}
+
+
+def _run_once(call, module: ImplModule, x, dy, direction: str):
+    """One forward (+ backward): (y, grads or None)."""
+    xg = x.detach().clone(memory_format=torch.preserve_format).requires_grad_(direction != "fwd")
+    module.zero_grad(set_to_none=True)
+    y = call(xg)
+    if direction == "fwd":
+        return y.detach(), None
+    y.backward(dy)
+    return y.detach(), {"dx": xg.grad, "dweight": module.weight.grad, "dbias": module.bias.grad}
+
+
+def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
+    """(passed, err_out, err_grad, detail) on fresh random inputs vs the float64 reference."""
+    from fusebench.measure.correctness import grad_errs, rel_err
+    dtype = DTYPES[spec.dtype]
+    direction = dict(spec.extra)["direction"]
+    x, dy, w, b = make_inputs(shape, dtype, spec.device, spec.channels_last, seed)
+    with torch.no_grad():
+        module.weight.copy_(w)
+        module.bias.copy_(b)
+    y, grads = _run_once(call, module, x, dy, direction)
+    y_ref, g_ref = _reference(x, dy, w, b, direction)
+    tol = TOL[spec.dtype]
+    err_out = rel_err(y, y_ref)
+    bad = [f"y {err_out:.1e}"] if not err_out <= tol else []
+    err_grad = None
+    if grads is not None:
+        missing = [k for k, v in grads.items() if v is None]
+        if missing:
+            return False, err_out, math.inf, f"no gradient for {', '.join(missing)}"
+        errs = grad_errs(grads, g_ref, list(g_ref))
+        err_grad = max(errs.values())
+        bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
+    detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None
+    return not bad, err_out, err_grad, detail
+
+
+def saved_bytes(call, module, x, direction: str) -> int | None:
+    """Unique storage bytes saved for backward by one forward (parameters excluded)."""
+    from fusebench.measure.memory import SavedTensorBytes
+    if direction == "fwd":
+        return None
+    counter = SavedTensorBytes(exclude=list(module.parameters()))
+    xg = x.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+    with counter.track():
+        y = call(xg)
+    del y
+    return counter.bytes
+
+
+def _step_fn(call, module, x, dy, direction: str):
+    """The timed step for a direction; bwd times backward only (forward runs untimed)."""
+    xg = x.detach().requires_grad_(direction != "fwd")
+
+    def fwd():
+        with torch.no_grad():
+            return call(x)
+
+    def fwdbwd():
+        module.weight.grad = module.bias.grad = xg.grad = None
+        call(xg).backward(dy)
+
+    if direction == "fwd":
+        return fwd, None
+    if direction == "fwdbwd":
+        return fwdbwd, None
+    state = {}
+
+    def setup():
+        module.weight.grad = module.bias.grad = xg.grad = None
+        state["y"] = call(xg)
+
+    def bwd():
+        state.pop("y").backward(dy)
+
+    return bwd, setup
+
+
+def time_step(step, setup, n: int, device: str) -> list[float]:
+    from fusebench.measure.timer import synchronize, time_steps
+    if setup is None:
+        return time_steps(step, n, device)
+    out = []
+    for _ in range(n):       # setup (the forward) must stay outside the timed region
+        setup()
+        synchronize(device)
+        out += time_steps(step, 1, device)
+    return out
+
+
+def copy_gbps(x: torch.Tensor, n: int, device: str) -> tuple[float, float]:
+    """(out-of-place copy GB/s, in-place copy_ GB/s) of x. Out-of-place allocates its output
+    each call, as every kernel here does, so it is the roofline the kernels are held to."""
+    from fusebench.measure.timer import time_steps
+    nbytes = 2 * x.numel() * x.element_size()
+    fresh = StepStats.from_samples(time_steps(lambda: x.clone(memory_format=torch.preserve_format),
+                                              n, device)).median
+    out = torch.empty_like(x)
+    pre = StepStats.from_samples(time_steps(lambda: out.copy_(x), n, device)).median
+    return nbytes / fresh / 1e6, nbytes / pre / 1e6
+
+
+# ------------------------------------------------------------------------------------ run_cell
+class _Unavailable(Exception):
+    pass
+
+
+def _resolve_fn(impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
+    """(name that really runs, fn). `fused` may fall back to `function`, with an event."""
+    if is_user_impl(impl):
+        return impl, load_user_impl(impl)
+    from fusebench.kernels.registry import get_impl
+    k = get_impl("ln2d", impl)
+    if impl == "fused":
+        from fusebench.kernels.ln2d import fused
+        phase("build")
+        name, reason = fused.resolve(device)
+        if name is None:
+            events.add("fallback", "fusebench",
+                       f"ln2d fused could not be used ({reason}); ran '{fused.FALLBACK}'")
+            return fused.FALLBACK, get_impl("ln2d", fused.FALLBACK).fn
+        events.add("kernel", "fusebench", f"ln2d fused resolved to '{name}'")
+        return name, get_impl("ln2d", name).fn
+    ok, reason = k.available(device)
+    if not ok:
+        raise _Unavailable(reason)
+    if impl == "cpu":
+        from fusebench.kernels.ln2d import cpu
+        phase("build")
+        ok, reason = cpu.build()
+        if not ok:
+            raise _Unavailable(reason)
+    return impl, k.fn
+
+
+def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
+    ex = dict(spec.extra)
+    impl, shape, direction = ex["impl"], list(ex["shape"]), ex.get("direction", "fwdbwd")
+    events = EventLog()
+    extra: dict[str, Any] = {"family": spec.model, "impl": impl, "shape": shape,
+                             "direction": direction, "gbps": None, "pct_of_copy": None,
+                             "cell": spec.to_dict()}
+
+    def record(status, **kw):
+        return Record.for_spec(spec, status, events=events.events(), extra=extra, **kw)
+
+    torch.manual_seed(spec.seed)
+    try:
+        with events.capture_warnings():
+            ran, fn = _resolve_fn(impl, spec.device, events, phase)
+    except _Unavailable as e:
+        return record("unavailable", error=ErrorInfo("Unavailable", str(e)))
+    if ran != impl:
+        extra.update(impl=ran, requested_impl=impl)
+    from fusebench.modes import get_mode
+    mode = get_mode(spec.mode)
+    ok, reason = mode.available(spec.options(), spec.device)
+    if not ok:
+        return record("unavailable", error=ErrorInfo("Unavailable", reason))
+    dtype = DTYPES[spec.dtype]
+    try:
+        return _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record)
+    except Exception as e:  # an impl failing is this cell's record; other cells go on
+        msg = (str(e).strip().splitlines() or [""])[0][:500]
+        return record("error", error=ErrorInfo(type(e).__name__, msg))
+
+
+def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record) -> Record:
+    from fusebench.measure.timer import time_call
+    module = ImplModule(fn, shape[1], dtype, spec.device)
+    x, dy, _, _ = make_inputs(shape, dtype, spec.device, spec.channels_last, spec.seed + 1)
+    with events.capture_warnings(), events.capture_stderr():
+        phase("compile")
+        call = mode.prepare(module, (x,), spec.options(), events)
+        # first call on fresh inputs: its time is the compile/first-call cost
+        compile_s, first = time_call(lambda: check(call, module, spec, shape, spec.seed + 100),
+                                     spec.device)
+        phase("warmup")
+        step, setup = _step_fn(call, module, x, dy, direction)
+        if spec.warmup:
+            time_step(step, setup, spec.warmup, spec.device)
+        phase("timing")
+        stats = StepStats.from_samples(time_step(step, setup, spec.steps, spec.device))
+        copy_fresh, copy_pre = copy_gbps(x, max(spec.steps, 5), spec.device)
+        act = saved_bytes(call, module, x, direction)
+        after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
+        mode.finish(events)
+    nbytes = bytes_moved(shape, dtype, direction)
+    gbps = nbytes / stats.median / 1e6
+    extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copy_fresh, copy_gbps=copy_fresh,
+                 copy_prealloc_gbps=copy_pre, bytes=nbytes)
+    passed = first[0] and after[0]
+    errs_out = [e for e in (first[1], after[1]) if e is not None]
+    errs_grad = [e for e in (first[2], after[2]) if e is not None]
+    detail = "; ".join(f"{at}: {c[3]}" for at, c in (("first_call", first),
+                                                      ("after_timing", after)) if c[3])
+    corr = Correctness(passed=passed, max_rel_err_out=_finite(max(errs_out, default=None)),
+                       max_rel_err_grad=_finite(max(errs_grad, default=None)),
+                       checked_at=("first_call", "after_timing"), detail=detail or None)
+    extra["max_err"] = _finite(max(errs_out + errs_grad, default=None))
+    return record("ok" if passed else "mismatch", step_ms=stats, compile_s=compile_s,
+                  activation_bytes=act, correctness=corr)
+
+
+def _finite(v):
+    return v if v is not None and math.isfinite(v) else None

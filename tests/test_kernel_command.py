@@ -1,0 +1,110 @@
+"""`fusebench kernel`: planning errors, run_cell records (ok, error, mismatch, fallback), CLI."""
+import json
+import textwrap
+
+import pytest
+
+from fusebench.cli import main
+from fusebench.errors import UsageError
+from fusebench.kernels.bench import KernelRequest, plan_kernel, run_cell
+
+SHAPE = "2,5,6,7"
+
+
+def _cell(impl, tmp_path=None, **kw):
+    specs = plan_kernel(KernelRequest("ln2d", impls=impl, shapes=(SHAPE,), warmup=1, steps=3,
+                                      **kw))
+    assert len(specs) == 1
+    return run_cell(specs[0], lambda p: None)
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    p = tmp_path / "my_ln.py"
+    p.write_text(textwrap.dedent("""
+        import torch
+        calls = [0]
+        def good(x, weight, bias, eps):
+            u = x.mean(1, keepdim=True)
+            v = (x - u).pow(2).mean(1, keepdim=True)
+            return (x - u) * torch.rsqrt(v + eps) * weight[:, None, None] + bias[:, None, None]
+        def broken(x, weight, bias, eps):
+            raise RuntimeError("boom")
+        def drifts(x, weight, bias, eps):      # right at first, wrong after warm-up
+            calls[0] += 1
+            return good(x, weight, bias, eps) * (1.0 if calls[0] < 3 else 1.01)
+    """))
+    return p
+
+
+def test_plan_sweep_and_extra():
+    specs = plan_kernel(KernelRequest("ln2d", impls="permute,cpu", shapes=("8,96,56,56",),
+                                      sweep="C=32,64"))
+    assert [dict(s.extra)["shape"] for s in specs] == [[8, 32, 56, 56]] * 2 + [[8, 64, 56, 56]] * 2
+    assert all(s.kind == "kernel" and dict(s.extra)["direction"] == "fwdbwd" for s in specs)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(impls="permut"), "did you mean permute"),
+    (dict(impls="nope.py:fn"), "no such file"),
+    (dict(shapes=("8,96,56",)), "N,C,H,W"),
+    (dict(sweep="Q=1,2"), "DIM=v1"),
+    (dict(direction="up"), "--direction"),
+])
+def test_planning_errors(kw, match):
+    with pytest.raises(UsageError, match=match):
+        plan_kernel(KernelRequest("ln2d", **kw))
+
+
+def test_user_impl_missing_function(user_file):
+    with pytest.raises(UsageError, match="unknown function"):
+        plan_kernel(KernelRequest("ln2d", impls=f"{user_file}:gdoo"))
+
+
+def test_ok_record_fields():
+    r = _cell("cpu").to_dict()
+    assert r["status"] == "ok", r["error"]
+    for k in ("family", "impl", "shape", "direction", "gbps", "pct_of_copy"):
+        assert r[k] is not None
+    assert r["correctness"]["checked_at"] == ["first_call", "after_timing"]
+    assert r["activation_bytes"] >= 2 * 5 * 6 * 7 * 4            # x itself is saved
+
+
+def test_user_impl_ok_error_and_late_mismatch(user_file):
+    assert _cell(f"{user_file}:good").status == "ok"
+    err = _cell(f"{user_file}:broken")
+    assert err.status == "error" and "boom" in err.error.message
+    late = _cell(f"{user_file}:drifts")
+    assert late.status == "mismatch"
+    assert late.correctness.detail.startswith("after_timing")
+
+
+def test_fused_fallback_runs_function_under_its_own_name(monkeypatch):
+    from fusebench.kernels.ln2d import fused
+    monkeypatch.setattr(fused, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
+    r = _cell("fused")
+    assert r.status == "ok"
+    assert r.extra["impl"] == "function" and r.extra["requested_impl"] == "fused"
+    assert any(e.kind == "fallback" and "no compiler" in e.message for e in r.events)
+
+
+def test_unavailable_impl_is_a_record(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)     # triton on CPU needs it
+    r = _cell("triton", device="cpu")
+    assert r.status == "unavailable" and "TRITON_INTERPRET" in r.error.message
+
+
+def test_cli_usage_error_exit_2(capsys):
+    assert main(["kernel", "ln2d", "--impl", "permute,nosuch", "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nosuch" in err
+
+
+def test_cli_json_end_to_end(capsys, user_file):
+    """Real worker processes: one ok cell and one failing user impl -> exit 1, JSON document."""
+    code = main(["kernel", "ln2d", "--impl", f"permute,{user_file}:broken", "--shape", SHAPE,
+                 "--steps", "2", "--warmup", "0", "--device", "cpu", "--json", "--no-save"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [r["status"] for r in doc["records"]] == ["ok", "error"]
+    assert doc["records"][0]["family"] == "ln2d" and doc["records"][0]["gbps"] > 0

@@ -1,0 +1,170 @@
+"""Every registered LN2d impl against the float64 reference, on the inputs that break them."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the triton kernels are first imported
+
+import pytest
+import torch
+
+from fusebench.kernels import get_impl, list_impls
+from fusebench.kernels.ln2d import cpu, function, fused
+from fusebench.kernels.ln2d.reference import ln2d_reference
+
+IMPLS = list_impls("ln2d")
+STABLE = [n for n in IMPLS if n != "sqm"]          # sqm's E[x^2]-E[x]^2 is the known-bad one
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float64: 1e-10}
+
+
+def _impl(name):
+    k = get_impl("ln2d", name)
+    ok, reason = k.available("cpu")
+    if not ok:
+        pytest.skip(f"{name}: {reason}")
+    if name in ("cpu", "fused"):
+        ok, reason = cpu.build()
+        if not ok:
+            pytest.skip(reason)
+    return k.fn
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    # floor 1: outputs and gradients are O(1) here, and a gradient that is 0 in exact
+    # arithmetic (dx when C == 1) must not divide rounding noise by rounding noise
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item()
+
+
+def run_and_compare(fn, x, eps=1e-6, dtype=torch.float32, w_scale=0.5):
+    """fwd + bwd of fn vs the float64 reference; returns (err_y, err_dx, err_dw, err_db)."""
+    g = torch.Generator().manual_seed(1)
+    C = x.shape[1]
+    w = (1 + w_scale * torch.randn(C, generator=g)).to(dtype).requires_grad_()
+    b = (w_scale * torch.randn(C, generator=g)).to(dtype).requires_grad_()
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    xg = x.detach().requires_grad_()
+    y = fn(xg, w, b, eps)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    y.backward(dy)
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yr = ln2d_reference(xr, wr, br, eps)
+    yr.backward(dy.double())
+    return (_rel(y, yr), _rel(xg.grad, xr.grad), _rel(w.grad, wr.grad), _rel(b.grad, br.grad))
+
+
+def assert_close(errs, tol):
+    names = ("y", "dx", "dweight", "dbias")
+    bad = {n: e for n, e in zip(names, errs) if not e <= tol}
+    assert not bad, f"errors over {tol}: {bad}"
+
+
+SHAPES = [(1, 1, 5, 3), (2, 3, 7, 5), (1, 7, 13, 11), (2, 129, 3, 5), (1, 96, 9, 9)]
+
+
+@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+def test_matches_reference(name, shape, layout):
+    fn = _impl(name)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":                   # neither NCHW- nor channels-last-contiguous
+        x = torch.randn(shape[0], shape[1], shape[2], 2 * shape[3])[..., ::2]
+        assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    # C == 1: x - mean == 0, rstd = eps^-1/2 amplifies float32 rounding in the baselines' dx
+    eps = 1e-3 if shape[1] == 1 else 1e-6
+    assert_close(run_and_compare(fn, x, eps=eps), 1e-4)
+
+
+@pytest.mark.parametrize("name", STABLE)
+def test_large_mean(name):
+    """x = 1e4 + noise: E[x^2] is 1e8, where float32 has no bits left for a variance of 1."""
+    fn = _impl(name)
+    x = 1e4 + torch.randn(2, 32, 5, 7, generator=torch.Generator().manual_seed(0))
+    assert_close(run_and_compare(fn, x), 1e-3)
+
+
+def test_sqm_loses_precision_at_large_mean():
+    x = 1e4 + torch.randn(2, 32, 5, 7, generator=torch.Generator().manual_seed(0))
+    err_y = run_and_compare(get_impl("ln2d", "sqm").fn, x)[0]
+    assert not err_y <= 1e-2          # large, or NaN from a negative "variance"
+
+
+@pytest.mark.parametrize("name", STABLE)
+def test_zero_variance_positions(name):
+    fn = _impl(name)
+    x = torch.randn(2, 8, 6, 5, generator=torch.Generator().manual_seed(0))
+    x[:, :, 1:3, :] = 0.25                        # constant over C: x - mean == 0 exactly
+    errs = run_and_compare(fn, x)
+    assert_close(errs, 1e-4)
+
+
+@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("eps", [1e-6, 1e-2])
+def test_eps(name, eps):
+    fn = _impl(name)
+    x = 0.05 * torch.randn(2, 16, 5, 5, generator=torch.Generator().manual_seed(0))
+    assert_close(run_and_compare(fn, x, eps=eps), 1e-4)   # var ~ 2.5e-3: eps 1e-2 dominates
+
+
+@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bfloat16(name, channels_last):
+    fn = _impl(name)
+    x = torch.randn(2, 24, 7, 5, generator=torch.Generator().manual_seed(0)).bfloat16()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert_close(run_and_compare(fn, x, dtype=torch.bfloat16), 3e-2)
+
+
+@pytest.mark.parametrize("name,dtype", [("cpu", torch.float16), ("triton", torch.float64)])
+def test_unsupported_dtype_is_a_clear_error(name, dtype):
+    fn = _impl(name)
+    x = torch.randn(1, 4, 3, 3).to(dtype)
+    w, b = torch.ones(4, dtype=dtype), torch.zeros(4, dtype=dtype)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        fn(x, w, b, 1e-6)
+
+
+@pytest.mark.parametrize("name", ["function", "cpu"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gradcheck_float64(name, channels_last):
+    fn = _impl(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 4, generator=g, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(5, generator=g, dtype=torch.float64)
+    b = torch.randn(5, generator=g, dtype=torch.float64)
+    inputs = tuple(t.requires_grad_() for t in (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w, b: fn(x, w, b, 1e-5), inputs)
+
+
+def test_function_saves_only_x_mean_rstd():
+    x = torch.randn(2, 16, 8, 8, requires_grad=True)
+    w, b = torch.ones(16, requires_grad=True), torch.zeros(16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        function.ln2d_function(x, w, b, 1e-6)
+    shapes = sorted(tuple(t.shape) for t in saved)
+    assert shapes == [(2, 1, 8, 8), (2, 1, 8, 8), (2, 16, 8, 8), (16,)]   # mean, rstd, x, weight
+
+
+def test_fused_runs_the_device_kernel():
+    _impl("fused")
+    assert fused.resolve("cpu") == ("cpu", "")
+    assert fused.candidate("cuda") == "triton"
+
+
+def test_fused_fallback_warns_and_runs_function(monkeypatch):
+    monkeypatch.setattr(fused, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
+    x = torch.randn(1, 4, 3, 3)
+    w, b = torch.ones(4), torch.zeros(4)
+    with pytest.warns(fused.FallbackWarning, match="ran 'function'"):
+        y = fused.ln2d_fused(x, w, b, 1e-6)
+    torch.testing.assert_close(y, function.ln2d_function(x, w, b, 1e-6))
+
+
+def test_cpu_unavailable_on_cuda_device():
+    ok, reason = get_impl("ln2d", "cpu").available("cuda")
+    assert not ok and "CPU" in reason
