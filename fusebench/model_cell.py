@@ -241,7 +241,9 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
 def _activation_bytes(step: Step, model: nn.Module) -> int | None:
     """Bytes saved for backward by one forward of the prepared callable (params excluded).
     Done after timing and counters, so any retrace the hooks cause is not charged to the mode."""
-    counter = SavedTensorBytes(exclude=list(model.parameters()))
+    # FSDP2 parameters are DTensors: their local shards are what the process holds
+    params = [getattr(p, "_local_tensor", p) for p in model.parameters()]
+    counter = SavedTensorBytes(exclude=params)
     with counter.track(), warnings_silenced(), step.autocast():
         out = _first_tensor(step.fn(step.x))
     del out

@@ -37,6 +37,7 @@ class RunRequest:
     seed: int = 0
     timeout: float = 900.0
     check: bool = True
+    threads: int | None = None
     model_kwargs: tuple[str, ...] = ()
     mode_options: dict = field(default_factory=dict)
     dist: str | None = None             # ddp | fsdp1 | fsdp2: launch each cell via torchrun
@@ -114,6 +115,8 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
         raise UsageError(f"--warmup must be >= 0, got {warmup}")
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
+    if req.threads is not None and not 1 <= req.threads <= 4096:
+        raise UsageError(f"--threads must be >= 1, got {req.threads}")
     if max(warmup, steps) > MAX_STEPS:
         raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
     kwargs = parse_kwargs(req.model_kwargs)

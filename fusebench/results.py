@@ -105,6 +105,11 @@ def validate(doc: Any, where: str = "results") -> dict[str, Any]:
             raise UsageError(f"{where}: record {i} lacks {', '.join(missing)}")
         if r["status"] not in STATUSES:
             raise UsageError(f"{where}: record {i} has unknown status {r['status']!r}")
+        try:        # nested fields of the wrong shape (events: 5, step_ms: {}) fail here, once
+            Record.from_dict(r)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UsageError(f"{where}: record {i} is malformed ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:120]})") from None
     if not isinstance(doc.get("env", {}), dict):
         raise UsageError(f"{where}: 'env' is not an object")
     return doc

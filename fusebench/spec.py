@@ -29,6 +29,7 @@ class CellSpec:
     timeout: float = 900.0
     cache_dir: str | None = None    # inductor/triton cache dir; None = worker makes a fresh one
     check: bool = True              # correctness vs eager
+    threads: int | None = None      # torch.set_num_threads in the worker; None = torch default
     kind: str = "model"             # which cell runner the worker uses (model | kernel)
     extra: tuple[tuple[str, Any], ...] = ()  # runner-specific fields (kernel shape, dist, ...)
 

@@ -36,6 +36,9 @@ def run(spec_dict: dict) -> dict:
 
     spec = CellSpec.from_dict(spec_dict)
     try:
+        if spec.threads:
+            import torch
+            torch.set_num_threads(spec.threads)
         load_plugins()
         module = importlib.import_module(CELL_RUNNERS[spec.kind])
         return module.run_cell(spec, phase).to_dict()

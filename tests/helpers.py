@@ -22,7 +22,7 @@ def with_fault_modes(monkeypatch) -> None:
 def tiny_spec(**kw):
     from fusebench.spec import CellSpec
     base = dict(model=TINY, mode="eager", batch_size=4, warmup=1, steps=3, device="cpu",
-                timeout=120.0)
+                timeout=120.0, threads=1)   # tiny shapes: one thread is fastest
     base.update(kw)
     return CellSpec(**base)
 

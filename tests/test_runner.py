@@ -81,3 +81,17 @@ def test_graph_break_recorded_for_compile():
     gb = [e for e in rec.events if e.kind == "graph_break"]
     assert gb and gb[0].source == "dynamo"
     assert rec.correctness.passed
+
+
+@pytest.mark.slow
+def test_every_registered_mode_runs_through_a_worker():
+    from fusebench.modes import list_modes
+    modes = [m for m in list_modes() if not m.startswith("test_")]
+    opts = (("compile_backend", "aot_eager"),)   # inductor's C++ compile is covered elsewhere
+    recs = run_cells([tiny_spec(mode=m, mode_options=opts) for m in modes], show_progress=False)
+    for m, r in zip(modes, recs):
+        assert r.mode == m
+        assert r.status == "ok", (m, r.status, r.error, r.correctness)
+        assert r.step_ms.n == 3 and r.throughput > 0
+        if m != "eager":
+            assert r.correctness.passed and r.correctness.checked_at == ("first", "steady")

@@ -97,6 +97,8 @@ def run(
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip correctness vs eager.")]
     = False,
     seed: Annotated[int, typer.Option()] = 0,
+    threads: Annotated[Optional[int], typer.Option(
+        help="torch.set_num_threads in each worker (default: torch's choice).")] = None,
     nproc: Annotated[Optional[int], typer.Option(
         "--nproc", help="Processes per node for --dist (torchrun).")] = None,
     dist: Annotated[Optional[Dist], typer.Option(
@@ -118,7 +120,7 @@ def run(
     req = RunRequest(
         models=model, modes=mode, bench=bench.value, batch_sizes=batch_size, img_sizes=img_size,
         channels_last=channels_last, dtype=dtype.value, amp=amp, device=device, warmup=warmup,
-        steps=steps, quick=quick, seed=seed, timeout=timeout, check=not no_check,
+        steps=steps, quick=quick, seed=seed, timeout=timeout, check=not no_check, threads=threads,
         model_kwargs=tuple(model_kwarg or ()),
         mode_options={"ts_method": _value(ts_method), "ts_fuser": _value(ts_fuser),
                       "aot_compiler": _value(aot_compiler),

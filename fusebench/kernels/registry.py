@@ -36,6 +36,7 @@ def register_impl(family: str, name: str, *, available=None, description: str = 
 
 def _load_all() -> None:
     # Importing the families registers their impls; kept lazy so `import fusebench` stays cheap.
+    import fusebench.kernels.act  # noqa: F401
     import fusebench.kernels.ln2d  # noqa: F401
 
 

@@ -1,0 +1,113 @@
+"""Triton activation kernels. Imported lazily by act/triton.py on first use: `@triton.jit`
+decides at import time whether to run interpreted (TRITON_INTERPRET=1, on CPU tensors).
+
+SiLU is elementwise over the dense storage (any memory format). bias+GELU and the SE gate use
+the ln2d tiling: one program = one sample n and a BLOCK_HW block of positions, holding all C
+channels, so one kernel serves NCHW (stride_hw == 1) and channels-last (stride_c == 1) and the
+per-channel reductions (dbias, sum_hw(dy * x)) come out as one partial row per program."""
+import triton
+import triton.language as tl
+
+@triton.jit
+def _tanh(v):
+    return 2.0 * tl.sigmoid(2.0 * v) - 1.0
+
+
+@triton.jit
+def _gelu(v, TANH: tl.constexpr):
+    if TANH:
+        return 0.5 * v * (1.0 + _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+    return 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_grad(v, TANH: tl.constexpr):
+    if TANH:
+        t = _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))
+        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (
+            1.0 + 0.134145 * v * v)
+    cdf = 0.5 * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    return cdf + v * 0.3989422804014327 * tl.exp(-0.5 * v * v)
+
+
+@triton.jit
+def silu_fwd_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (x * tl.sigmoid(x)).to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def silu_bwd_kernel(DY, X, DX, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offs, mask=m, other=0.0).to(tl.float32)
+    s = tl.sigmoid(x)
+    tl.store(DX + offs, (dy * s * (1.0 + x * (1.0 - s))).to(DX.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _tile(pid_hw, n, C, HW, stride_n, stride_c, stride_hw, BLOCK_C: tl.constexpr,
+          BLOCK_HW: tl.constexpr):
+    cs = tl.arange(0, BLOCK_C)
+    hws = pid_hw * BLOCK_HW + tl.arange(0, BLOCK_HW)
+    cm = cs < C
+    mask = cm[:, None] & (hws < HW)[None, :]
+    offs = n * stride_n + cs[:, None] * stride_c + hws[None, :] * stride_hw  # (BLOCK_C, BLOCK_HW)
+    return cs, cm, mask, offs
+
+
+@triton.jit
+def bias_gelu_fwd_kernel(X, B, Y, C, HW, stride_n, stride_c, stride_hw, TANH: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs = _tile(tl.program_id(0), n, C, HW, stride_n, stride_c, stride_hw,
+                               BLOCK_C, BLOCK_HW)
+    b = tl.load(B + cs, mask=cm, other=0.0).to(tl.float32)
+    v = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32) + b[:, None]
+    tl.store(Y + offs, _gelu(v, TANH).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bias_gelu_bwd_kernel(DY, X, B, DX, DBp, C, HW, stride_n, stride_c, stride_hw,
+                         TANH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    pid_hw = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs = _tile(pid_hw, n, C, HW, stride_n, stride_c, stride_hw,
+                               BLOCK_C, BLOCK_HW)
+    b = tl.load(B + cs, mask=cm, other=0.0).to(tl.float32)
+    v = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32) + b[:, None]
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    dx = tl.where(mask, dy * _gelu_grad(v, TANH), 0.0)
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    row = n * tl.num_programs(0) + pid_hw                      # one partial row per program
+    tl.store(DBp + row * C + cs, tl.sum(dx, axis=1), mask=cm)
+
+
+@triton.jit
+def se_gate_fwd_kernel(X, G, Y, C, HW, stride_n, stride_c, stride_hw, BLOCK_C: tl.constexpr,
+                       BLOCK_HW: tl.constexpr):
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs = _tile(tl.program_id(0), n, C, HW, stride_n, stride_c, stride_hw,
+                               BLOCK_C, BLOCK_HW)
+    s = tl.sigmoid(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32))
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (x * s[:, None]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def se_gate_bwd_kernel(DY, X, G, DX, DOTp, C, HW, stride_n, stride_c, stride_hw,
+                       BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    pid_hw = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs = _tile(pid_hw, n, C, HW, stride_n, stride_c, stride_hw,
+                               BLOCK_C, BLOCK_HW)
+    s = tl.sigmoid(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32))
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DX + offs, (dy * s[:, None]).to(DX.dtype.element_ty), mask=mask)
+    # partial sum_hw(dy * x) of sample n: DOTp is (N, programs along HW, C)
+    row = n * tl.num_programs(0) + pid_hw
+    tl.store(DOTp + row * C + cs, tl.sum(dy * x, axis=1), mask=cm)

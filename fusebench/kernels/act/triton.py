@@ -1,0 +1,188 @@
+"""`triton`: Triton activation kernels (CUDA; on CPU tensors under TRITON_INTERPRET=1)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
+from fusebench.kernels.act.se_gate import _check_gate
+from fusebench.kernels.ln2d.triton import available, triton_cdiv, triton_next_pow2
+from fusebench.kernels.registry import register_impl
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_C = 4096        # one program holds all C channels of its block of positions
+TILE = 4096         # elements per program: BLOCK_C * BLOCK_HW
+BLOCK = 1024        # elementwise SiLU: elements per program
+
+__all__ = ["available"]
+
+
+@functools.cache
+def _kernels():
+    from fusebench.kernels.act import _triton_kernels
+    return _triton_kernels
+
+
+def _check(op: str, x: torch.Tensor) -> None:
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{op} triton: unsupported dtype {x.dtype} (supported: float32, "
+                        "float16, bfloat16)")
+    if x.dim() != 4:
+        raise ValueError(f"{op} triton: x must be 4-D (N, C, H, W), got {x.dim()}-D")
+    if x.shape[1] > MAX_C:
+        raise ValueError(f"{op} triton: C={x.shape[1]} exceeds the {MAX_C} channels one "
+                         "program holds")
+
+
+def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
+    if x.is_contiguous():
+        return x, torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return x, torch.channels_last
+    return x.contiguous(), torch.contiguous_format
+
+
+def _grid(x: torch.Tensor):
+    """(grid, BLOCK_C, BLOCK_HW, strides) for the C x BLOCK_HW tiling of ln2d."""
+    N, C, H, W = x.shape
+    HW = H * W
+    bc = triton_next_pow2(C)
+    bhw = max(1, min(triton_next_pow2(HW), TILE // bc))
+    # H and W flatten to one index for both dense layouts: stride(h) == W * stride(w)
+    return (triton_cdiv(HW, bhw), N), bc, bhw, (x.stride(0), x.stride(1), x.stride(3))
+
+
+# ------------------------------------------------------------------------------- SiLU
+def silu_triton_fwd(x):
+    x, fmt = _layout(x)
+    y = torch.empty_like(x, memory_format=fmt)
+    if x.numel():
+        _kernels().silu_fwd_kernel[(triton_cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+def silu_triton_bwd(dy, x):
+    x, fmt = _layout(x)
+    dy = dy.to(x.dtype).contiguous(memory_format=fmt)   # same strides as x: same flat index
+    dx = torch.empty_like(x, memory_format=fmt)
+    if x.numel():
+        _kernels().silu_bwd_kernel[(triton_cdiv(x.numel(), BLOCK),)](dy, x, dx, x.numel(),
+                                                                    BLOCK=BLOCK)
+    return dx
+
+
+class SiLUTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return silu_triton_fwd(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return silu_triton_bwd(dy, x)
+
+
+# ------------------------------------------------------------------------------- bias + GELU
+def bias_gelu_triton_fwd(x, bias, tanh: bool):
+    x, fmt = _layout(x)
+    y = torch.empty_like(x, memory_format=fmt)
+    if x.numel():
+        grid, bc, bhw, strides = _grid(x)
+        _kernels().bias_gelu_fwd_kernel[grid](x, bias, y, x.shape[1], x.shape[2] * x.shape[3],
+                                              *strides, TANH=tanh, BLOCK_C=bc, BLOCK_HW=bhw)
+    return y
+
+
+def bias_gelu_triton_bwd(dy, x, bias, tanh: bool):
+    x, fmt = _layout(x)
+    dy = dy.to(x.dtype).contiguous(memory_format=fmt)
+    dx = torch.empty_like(x, memory_format=fmt)
+    C = x.shape[1]
+    if not x.numel():
+        return dx, torch.zeros_like(bias)
+    grid, bc, bhw, strides = _grid(x)
+    dbp = torch.empty((grid[0] * grid[1], C), device=x.device, dtype=torch.float32)
+    _kernels().bias_gelu_bwd_kernel[grid](dy, x, bias, dx, dbp, C, x.shape[2] * x.shape[3],
+                                          *strides, TANH=tanh, BLOCK_C=bc, BLOCK_HW=bhw)
+    return dx, dbp.sum(0).to(bias.dtype)
+
+
+class BiasGELUTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, approximate):
+        ctx.save_for_backward(x, bias)
+        ctx.tanh = approximate == "tanh"
+        return bias_gelu_triton_fwd(x, bias, ctx.tanh)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        dx, db = bias_gelu_triton_bwd(dy, x, bias, ctx.tanh)
+        return dx, db, None
+
+
+# ------------------------------------------------------------------------------- SE gate
+def se_gate_triton_fwd(x, g):
+    x, fmt = _layout(x)
+    y = torch.empty_like(x, memory_format=fmt)
+    if x.numel():
+        grid, bc, bhw, strides = _grid(x)
+        _kernels().se_gate_fwd_kernel[grid](x, g, y, x.shape[1], x.shape[2] * x.shape[3],
+                                            *strides, BLOCK_C=bc, BLOCK_HW=bhw)
+    return y
+
+
+def se_gate_triton_bwd(dy, x, g):
+    x, fmt = _layout(x)
+    dy = dy.to(x.dtype).contiguous(memory_format=fmt)
+    dx = torch.empty_like(x, memory_format=fmt)
+    N, C = x.shape[:2]
+    if not x.numel():
+        return dx, torch.zeros_like(g)
+    grid, bc, bhw, strides = _grid(x)
+    dotp = torch.empty((N, grid[0], C), device=x.device, dtype=torch.float32)
+    _kernels().se_gate_bwd_kernel[grid](dy, x, g, dx, dotp, C, x.shape[2] * x.shape[3],
+                                        *strides, BLOCK_C=bc, BLOCK_HW=bhw)
+    s = torch.sigmoid(g.float()).view(N, C)
+    dg = dotp.sum(1) * s * (1 - s)                              # (N, C)
+    return dx, dg.view(g.shape).to(g.dtype)
+
+
+class SEGateTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g):
+        ctx.save_for_backward(x, g)
+        return se_gate_triton_fwd(x, g)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, g = ctx.saved_tensors
+        return se_gate_triton_bwd(dy, x, g)
+
+
+@register_impl("silu", "triton", available=available)
+def silu_triton(x):
+    """Triton elementwise fwd/bwd over the dense storage; saves only x."""
+    _check("silu", x)
+    return SiLUTritonFunction.apply(x)
+
+
+@register_impl("se_gate", "triton", available=available)
+def se_gate_triton(x, gate_logits):
+    """Triton: (n, block of H*W) tiles with all C; bwd writes dx + per-tile sum(dy * x)."""
+    _check("se_gate", x)
+    _check_gate(x, gate_logits)
+    return SEGateTritonFunction.apply(x, gate_logits.contiguous())
+
+
+@register_impl("bias_gelu", "triton", available=available)
+def bias_gelu_triton(x, bias, approximate: str = "none"):
+    """Triton: add + GELU in one pass; bwd writes dx + per-tile dbias partials."""
+    _check("bias_gelu", x)
+    _check_bias_gelu(x, bias, approximate)
+    return BiasGELUTritonFunction.apply(x, bias.contiguous(), approximate)
