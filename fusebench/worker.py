@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 PHASE_PREFIX = "@@fusebench-phase "
@@ -53,8 +56,23 @@ def run(spec_dict: dict) -> dict:
                                extra={"cell": spec.to_dict()}).to_dict()
 
 
+def _exit_with_parent() -> None:
+    """A worker runs in its own session, so nothing stops it when the coordinator is killed
+    (SIGKILL, OOM killer): it watches its parent and takes its process group down with it."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        if os.getpgid(0) == os.getpid():     # our own group (started by the runner)
+            os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+    threading.Thread(target=watch, name="fusebench-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv[1], argv[2]
+    _exit_with_parent()
     with open(spec_path) as f:
         spec_dict = json.load(f)
     record = run(spec_dict)

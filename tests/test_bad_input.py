@@ -132,7 +132,7 @@ def misspell(names: list[str]):
         return name[:i] + c + name[i + 1:]
     return st.tuples(st.sampled_from(names), st.integers(0, 40),
                      st.sampled_from(["drop", "swap", "dup", "sub"]),
-                     st.sampled_from(LETTERS)).map(edit)
+                     st.sampled_from(LETTERS)).map(edit).filter(lambda s: s not in names)
 
 
 _not_int = st.text("abcxyz.-+e ", min_size=1, max_size=4).filter(

@@ -52,12 +52,14 @@ def kernel_table(records, title: str = "fusebench kernel") -> Table:
 
 @guarded
 def kernel(
-    family: Annotated[str, typer.Argument(help="Kernel family, e.g. ln2d.")],
+    family: Annotated[str, typer.Argument(help="Kernel family: ln2d, silu, se_gate, bias_gelu.")],
     impl: Annotated[str, typer.Option("--impl", "-i", help="Impls, comma-separated: registered "
-                                      "names, path/to/file.py:fn (fn(x, weight, bias, eps) -> y), "
-                                      "or 'all'.")] = "all",
+                                      "names, path/to/file.py:fn (called like the family's impls: "
+                                      "ln2d fn(x, weight, bias, eps), silu fn(x), se_gate "
+                                      "fn(x, gate_logits), bias_gelu fn(x, bias)), or 'all'.")]
+    = "all",
     shape: Annotated[Optional[list[str]], typer.Option(
-        "--shape", help="N,C,H,W (repeatable). Default 8,96,56,56.")] = None,
+        "--shape", help="N,C,H,W (repeatable). Default: the family's, 8,96,56,56.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="DIM=v1,v2,... e.g. C=32,64,96,192.")]
     = None,
     dtype: Annotated[Dtype, typer.Option()] = Dtype.float32,
@@ -81,7 +83,7 @@ def kernel(
     from fusebench.report import print_details
     from fusebench.session import execute
 
-    req = KernelRequest(family=family, impls=impl, shapes=tuple(shape or ("8,96,56,56",)),
+    req = KernelRequest(family=family, impls=impl, shapes=tuple(shape) if shape else None,
                         sweep=sweep, dtype=dtype.value, channels_last=channels_last,
                         direction=direction.value, modes=mode, device=resolve_device(device),
                         warmup=warmup, steps=steps, seed=seed, timeout=timeout)

@@ -24,11 +24,9 @@ from fusebench.spec import CellSpec, Correctness, ErrorInfo, Record, StepStats
 
 DIRECTIONS = ("fwd", "bwd", "fwdbwd")
 DIMS = "NCHW"
-EPS = 1e-6
 TOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
-BENCH_FAMILIES = ("ln2d",)   # families with a problem definition below (inputs, reference, bytes)
 
 
 # ------------------------------------------------------------------------------------ planning
@@ -36,7 +34,7 @@ BENCH_FAMILIES = ("ln2d",)   # families with a problem definition below (inputs,
 class KernelRequest:
     family: str
     impls: str = "all"
-    shapes: tuple[str, ...] = ("8,96,56,56",)
+    shapes: tuple[str, ...] | None = None      # None: the family's default shape
     sweep: str | None = None
     dtype: str = "float32"
     channels_last: bool = False
@@ -134,9 +132,11 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     from fusebench.kernels.registry import families
     if req.family not in families():
         raise unknown_name("kernel family", [req.family], families())
-    if req.family not in BENCH_FAMILIES:
+    from fusebench.kernels.problems import PROBLEMS
+    if req.family not in PROBLEMS:
         raise UsageError(f"kernel family '{req.family}' has no benchmark definition yet "
-                         f"(benchmarkable: {', '.join(BENCH_FAMILIES)})")
+                         f"(benchmarkable: {', '.join(PROBLEMS.names())})")
+    problem = PROBLEMS[req.family]
     if req.direction not in DIRECTIONS:
         raise UsageError(f"--direction must be one of {', '.join(DIRECTIONS)}, "
                          f"got '{req.direction}'")
@@ -146,7 +146,8 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
         raise UsageError("--warmup must be >= 0 and --steps >= 1")
     impls = resolve_impls(req.family, req.impls)
     modes = resolve_modes(req.modes)
-    shapes = apply_sweep([parse_shape(s) for s in req.shapes], req.sweep)
+    shapes = apply_sweep([parse_shape(s) for s in (req.shapes or (problem.default_shape,))],
+                         req.sweep)
     specs = []
     for shape in shapes:
         for impl in impls:
@@ -161,51 +162,58 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
 
 
 # ------------------------------------------------------------------------------------ problem
-class ImplModule(nn.Module):
-    """Holds weight/bias as Parameters so an impl fn can go through any mode's prepare()."""
+def problem_of(family: str):
+    from fusebench.kernels.problems import PROBLEMS
+    return PROBLEMS[family]
 
-    def __init__(self, fn: Callable, C: int, dtype: torch.dtype, device, eps: float = EPS):
+
+class ImplModule(nn.Module):
+    """Holds the family's parameter inputs (ln2d: weight, bias) as Parameters so an impl fn can
+    go through any mode's prepare(); forward(x) calls the impl the family's way."""
+
+    def __init__(self, fn: Callable, problem, params: dict[str, torch.Tensor]):
         super().__init__()
         self.fn = fn
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(C, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(C, dtype=dtype, device=device))
+        self.problem = problem
+        for name in problem.params:
+            setattr(self, name, nn.Parameter(params[name].detach().clone()))
+
+    def inputs(self) -> list[nn.Parameter]:
+        return [getattr(self, n) for n in self.problem.params]
 
     def forward(self, x):
-        return self.fn(x, self.weight, self.bias, self.eps)
+        return self.problem.call(self.fn, x, *self.inputs())
 
 
-def make_inputs(shape, dtype, device, channels_last: bool, seed: int):
-    """x, dy, weight, bias: random (a weight of ones would hide a transposed broadcast)."""
+def make_inputs(problem, shape, dtype, device, channels_last: bool, seed: int):
+    """x, dy (in x's memory format) and the family's params, all random."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g)
     dy = torch.randn(shape, generator=g)
-    w = 1 + 0.5 * torch.randn(shape[1], generator=g)
-    b = 0.5 * torch.randn(shape[1], generator=g)
+    params = problem.make_params(shape, g) if problem.make_params else {}
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x, dy = (t.to(device=device, dtype=dtype).contiguous(memory_format=fmt) for t in (x, dy))
-    return x, dy, w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+    return x, dy, {k: v.to(device=device, dtype=dtype) for k, v in params.items()}
 
 
-def bytes_moved(shape, dtype: torch.dtype, direction: str) -> int:
-    """Minimum memory traffic. fwd: read x, write y; bwd: read x and dy, write dx; plus the
-    weight/bias reads and dweight/dbias writes. Per-position statistics are left out."""
-    n = math.prod(shape)
-    es = torch.empty((), dtype=dtype).element_size()
-    C = shape[1]
-    fwd = (2 * n + 2 * C) * es
-    bwd = (3 * n + 3 * C) * es
-    return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[direction]
+def bytes_moved(problem, shape, dtype: torch.dtype, direction: str) -> int:
+    return problem.bytes_moved(shape, dtype, direction)
 
 
-def _reference(x, dy, w, b, direction: str):
-    from fusebench.kernels.ln2d.reference import ln2d_reference
-    xd, wd, bd = (t.detach().double().requires_grad_() for t in (x, w, b))
-    y = ln2d_reference(xd, wd, bd, EPS)
+def _reference(problem, x, dy, params, direction: str):
+    xd = x.detach().double().requires_grad_()
+    pd = [params[n].detach().double().requires_grad_() for n in problem.params]
+    y = problem.reference(xd, *pd)
     if direction == "fwd":
         return y.detach(), None
-    gx, gw, gb = torch.autograd.grad(y, (xd, wd, bd), dy.double())
-    return y.detach(), {"dx": gx, "dweight": gw, "dbias": gb}
+    grads = torch.autograd.grad(y, (xd, *pd), dy.double())
+    return y.detach(), dict(zip(problem.grad_names(), grads))
+
+
+def _zero_grads(module: ImplModule, xg: torch.Tensor) -> None:
+    xg.grad = None
+    for p in module.inputs():
+        p.grad = None
 
 
 def _run_once(call, module: ImplModule, x, dy, direction: str):
@@ -216,20 +224,22 @@ def _run_once(call, module: ImplModule, x, dy, direction: str):
     if direction == "fwd":
         return y.detach(), None
     y.backward(dy)
-    return y.detach(), {"dx": xg.grad, "dweight": module.weight.grad, "dbias": module.bias.grad}
+    grads = [xg.grad] + [p.grad for p in module.inputs()]
+    return y.detach(), dict(zip(module.problem.grad_names(), grads))
 
 
 def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
     """(passed, err_out, err_grad, detail) on fresh random inputs vs the float64 reference."""
     from fusebench.measure.correctness import grad_errs, rel_err
+    problem = module.problem
     dtype = DTYPES[spec.dtype]
     direction = dict(spec.extra)["direction"]
-    x, dy, w, b = make_inputs(shape, dtype, spec.device, spec.channels_last, seed)
+    x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last, seed)
     with torch.no_grad():
-        module.weight.copy_(w)
-        module.bias.copy_(b)
+        for name, p in zip(problem.params, module.inputs()):
+            p.copy_(params[name])
     y, grads = _run_once(call, module, x, dy, direction)
-    y_ref, g_ref = _reference(x, dy, w, b, direction)
+    y_ref, g_ref = _reference(problem, x, dy, params, direction)
     tol = TOL[spec.dtype]
     err_out = rel_err(y, y_ref)
     bad = [f"y {err_out:.1e}"] if not err_out <= tol else []
@@ -267,7 +277,7 @@ def _step_fn(call, module, x, dy, direction: str):
             return call(x)
 
     def fwdbwd():
-        module.weight.grad = module.bias.grad = xg.grad = None
+        _zero_grads(module, xg)
         call(xg).backward(dy)
 
     if direction == "fwd":
@@ -277,7 +287,7 @@ def _step_fn(call, module, x, dy, direction: str):
     state = {}
 
     def setup():
-        module.weight.grad = module.bias.grad = xg.grad = None
+        _zero_grads(module, xg)
         state["y"] = call(xg)
 
     def bwd():
@@ -315,29 +325,30 @@ class _Unavailable(Exception):
     pass
 
 
-def _resolve_fn(impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
-    """(name that really runs, fn). `fused` may fall back to `function`, with an event."""
+def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
+    """(name that really runs, fn). `fused` may fall back to its FALLBACK impl, with an event."""
     if is_user_impl(impl):
         return impl, load_user_impl(impl)
     from fusebench.kernels.registry import get_impl
-    k = get_impl("ln2d", impl)
-    if impl == "fused":
-        from fusebench.kernels.ln2d import fused
+    fam = problem.family
+    k = get_impl(fam, impl)
+    if impl == "fused" and problem.fused_module:
+        fused = importlib.import_module(problem.fused_module)
         phase("build")
         name, reason = fused.resolve(device)
         if name is None:
             events.add("fallback", "fusebench",
-                       f"ln2d fused could not be used ({reason}); ran '{fused.FALLBACK}'")
-            return fused.FALLBACK, get_impl("ln2d", fused.FALLBACK).fn
-        events.add("kernel", "fusebench", f"ln2d fused resolved to '{name}'")
-        return name, get_impl("ln2d", name).fn
+                       f"{fam} fused could not be used ({reason}); ran '{fused.FALLBACK}'")
+            return fused.FALLBACK, get_impl(fam, fused.FALLBACK).fn
+        events.add("kernel", "fusebench", f"{fam} fused resolved to '{name}'")
+        return name, get_impl(fam, name).fn
     ok, reason = k.available(device)
     if not ok:
         raise _Unavailable(reason)
-    if impl == "cpu":
-        from fusebench.kernels.ln2d import cpu
+    build = problem.build_for(impl)
+    if build is not None:
         phase("build")
-        ok, reason = cpu.build()
+        ok, reason = build()
         if not ok:
             raise _Unavailable(reason)
     return impl, k.fn
@@ -357,7 +368,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     torch.manual_seed(spec.seed)
     try:
         with events.capture_warnings():
-            ran, fn = _resolve_fn(impl, spec.device, events, phase)
+            ran, fn = _resolve_fn(problem_of(spec.model), impl, spec.device, events, phase)
     except _Unavailable as e:
         return record("unavailable", error=ErrorInfo("Unavailable", str(e)))
     if ran != impl:
@@ -377,8 +388,10 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
 
 def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record) -> Record:
     from fusebench.measure.timer import time_call
-    module = ImplModule(fn, shape[1], dtype, spec.device)
-    x, dy, _, _ = make_inputs(shape, dtype, spec.device, spec.channels_last, spec.seed + 1)
+    problem = problem_of(spec.model)
+    x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last,
+                                spec.seed + 1)
+    module = ImplModule(fn, problem, params)
     with events.capture_warnings(), events.capture_stderr():
         phase("compile")
         call = mode.prepare(module, (x,), spec.options(), events)
@@ -395,7 +408,7 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         act = saved_bytes(call, module, x, direction)
         after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
         mode.finish(events)
-    nbytes = bytes_moved(shape, dtype, direction)
+    nbytes = bytes_moved(problem, shape, dtype, direction)
     gbps = nbytes / stats.median / 1e6
     extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copy_fresh, copy_gbps=copy_fresh,
                  copy_prealloc_gbps=copy_pre, bytes=nbytes)

@@ -82,23 +82,169 @@ at::Tensor like(const at::Tensor& t, Layout l) {
                                          : at::MemoryFormat::ChannelsLast);
 }
 
-// ---------------------------------------------------------------- SiLU (layout-free)
-at::Tensor silu_forward(const at::Tensor& x_) {
-  const Layout l = layout_of(x_);
-  at::Tensor x = like(x_, l);
-  at::Tensor y = at::empty_like(x);
-  const int64_t n = x.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_forward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {
+// ---------------------------------------------------------------- kernels on raw pointers
+// (templates, not lambdas inside AT_DISPATCH: a #pragma cannot sit inside a macro argument)
+template <typename T, typename A>
+void silu_fwd_k(const T* x, T* y, int64_t n) {
+  at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {
 #pragma omp simd
-      for (int64_t i = b; i < e; ++i) {
-        const A v = static_cast<A>(xp[i]);
-        yp[i] = static_cast<scalar_t>(v * sigmoid(v));
+    for (int64_t i = b; i < e; ++i) {
+      const A v = static_cast<A>(x[i]);
+      y[i] = static_cast<T>(v * sigmoid(v));
+    }
+  });
+}
+
+template <typename T, typename A>
+void silu_bwd_k(const T* dy, const T* x, T* dx, int64_t n) {
+  at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const A v = static_cast<A>(x[i]);
+      const A s = sigmoid(v);
+      dx[i] = static_cast<T>(static_cast<A>(dy[i]) * s * (A(1) + v * (A(1) - s)));
+    }
+  });
+}
+
+// One (n, c) plane of H*W values (NCHW) or one row of C values (channels-last): the inner loops.
+template <typename T, typename A>
+void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t HW, Layout l,
+                     bool th) {
+  if (l == Layout::kNCHW) {
+    at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const A bc = b[t % C];
+        const T* xc = x + t * HW;
+        T* yc = y + t * HW;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) yc[i] = static_cast<T>(gelu(static_cast<A>(xc[i]) + bc, th));
       }
     });
+  } else {
+    at::parallel_for(0, N * HW, grain(C), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = x + r * C;
+        T* yr = y + r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(gelu(static_cast<A>(xr[c]) + b[c], th));
+      }
+    });
+  }
+}
+
+// dx = dy * gelu'(x + b); `part` gets dbias partials: (N, C) for NCHW, (blocks, C) otherwise.
+template <typename T, typename A>
+void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_t N, int64_t C,
+                     int64_t HW, Layout l, bool th) {
+  if (l == Layout::kNCHW) {
+    at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const A bc = b[t % C];
+        const int64_t o = t * HW;
+        A s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < HW; ++i) {
+          const A d = static_cast<A>(dy[o + i]) * gelu_grad(static_cast<A>(x[o + i]) + bc, th);
+          dx[o + i] = static_cast<T>(d);
+          s += d;  // dbias = sum over N, H, W of dx
+        }
+        part[t] = s;
+      }
+    });
+  } else {
+    const int64_t rows = N * HW, nblk = (rows + kRowBlock - 1) / kRowBlock;
+    at::parallel_for(0, nblk, grain(C * kRowBlock), [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        A* acc = part + k * C;
+        std::fill(acc, acc + C, A(0));
+        for (int64_t r = k * kRowBlock; r < std::min(rows, (k + 1) * kRowBlock); ++r) {
+          const int64_t o = r * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const A d = static_cast<A>(dy[o + c]) * gelu_grad(static_cast<A>(x[o + c]) + b[c], th);
+            dx[o + c] = static_cast<T>(d);
+            acc[c] += d;
+          }
+        }
+      }
+    });
+  }
+}
+
+// s = sigmoid(g), (N*C). y = x * s[n, c].
+template <typename T, typename A>
+void se_gate_fwd_k(const T* x, const A* s, T* y, int64_t N, int64_t C, int64_t HW, Layout l) {
+  if (l == Layout::kNCHW) {
+    at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const A st = s[t];
+        const int64_t o = t * HW;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) y[o + i] = static_cast<T>(static_cast<A>(x[o + i]) * st);
+      }
+    });
+  } else {
+    at::parallel_for(0, N * HW, grain(C), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const A* sn = s + (r / HW) * C;
+        const int64_t o = r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) y[o + c] = static_cast<T>(static_cast<A>(x[o + c]) * sn[c]);
+      }
+    });
+  }
+}
+
+// dx = dy * s; `part` gets sum_hw(dy * x) partials: (N*C) for NCHW, (N, P, C) otherwise.
+template <typename T, typename A>
+void se_gate_bwd_k(const T* dy, const T* x, const A* s, T* dx, A* part, int64_t N, int64_t C,
+                   int64_t HW, int64_t P, Layout l) {
+  if (l == Layout::kNCHW) {
+    at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const A st = s[t];
+        const int64_t o = t * HW;
+        A acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < HW; ++i) {
+          const A g = static_cast<A>(dy[o + i]);
+          dx[o + i] = static_cast<T>(g * st);
+          acc += g * static_cast<A>(x[o + i]);
+        }
+        part[t] = acc;
+      }
+    });
+  } else {
+    at::parallel_for(0, N * P, grain(C * HW / P + 1), [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t n = k / P, p = k % P;
+        const A* sn = s + n * C;
+        A* acc = part + k * C;
+        std::fill(acc, acc + C, A(0));
+        for (int64_t hw = p * HW / P; hw < (p + 1) * HW / P; ++hw) {
+          const int64_t o = (n * HW + hw) * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const A g = static_cast<A>(dy[o + c]);
+            dx[o + c] = static_cast<T>(g * sn[c]);
+            acc[c] += g * static_cast<A>(x[o + c]);
+          }
+        }
+      }
+    });
+  }
+}
+
+template <typename T> using Acc = typename AccOf<T>::type;
+template <typename T> c10::ScalarType acc_type() { return c10::CppTypeToScalarType<Acc<T>>::value; }
+
+// ---------------------------------------------------------------- entry points
+at::Tensor silu_forward(const at::Tensor& x_) {
+  at::Tensor x = like(x_, layout_of(x_));
+  at::Tensor y = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_forward", [&] {
+    silu_fwd_k<scalar_t, Acc<scalar_t>>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.numel());
   });
   return y;
 }
@@ -106,27 +252,15 @@ at::Tensor silu_forward(const at::Tensor& x_) {
 at::Tensor silu_backward(const at::Tensor& dy_, const at::Tensor& x_) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
-  at::Tensor dy = like(dy_.to(x.scalar_type()), l);
+  at::Tensor dy = like(dy_.to(x.scalar_type()), l);  // same strides as x: same flat index
   at::Tensor dx = at::empty_like(x);
-  const int64_t n = x.numel();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_backward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* gp = dy.data_ptr<scalar_t>();
-    scalar_t* dp = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {
-#pragma omp simd
-      for (int64_t i = b; i < e; ++i) {
-        const A v = static_cast<A>(xp[i]);
-        const A s = sigmoid(v);
-        dp[i] = static_cast<scalar_t>(static_cast<A>(gp[i]) * s * (A(1) + v * (A(1) - s)));
-      }
-    });
+    silu_bwd_k<scalar_t, Acc<scalar_t>>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                        dx.data_ptr<scalar_t>(), x.numel());
   });
   return dx;
 }
 
-// ---------------------------------------------------------------- bias + GELU
 at::Tensor bias_gelu_forward(const at::Tensor& x_, const at::Tensor& bias, bool tanh_approx) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
@@ -134,33 +268,10 @@ at::Tensor bias_gelu_forward(const at::Tensor& x_, const at::Tensor& bias, bool 
   TORCH_CHECK(bias.numel() == C, "bias has ", bias.numel(), " elements, C=", C);
   at::Tensor y = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_forward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    at::Tensor b = bias.to(c10::CppTypeToScalarType<A>::value).contiguous();
-    const A* bp = b.data_ptr<A>();
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    if (l == Layout::kNCHW) {
-      at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const A bc = bp[t % C];
-          const scalar_t* xc = xp + t * HW;
-          scalar_t* yc = yp + t * HW;
-#pragma omp simd
-          for (int64_t i = 0; i < HW; ++i)
-            yc[i] = static_cast<scalar_t>(gelu(static_cast<A>(xc[i]) + bc, tanh_approx));
-        }
-      });
-    } else {
-      at::parallel_for(0, N * HW, grain(C), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const scalar_t* xr = xp + r * C;
-          scalar_t* yr = yp + r * C;
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c)
-            yr[c] = static_cast<scalar_t>(gelu(static_cast<A>(xr[c]) + bp[c], tanh_approx));
-        }
-      });
-    }
+    using A = Acc<scalar_t>;
+    at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
+    bias_gelu_fwd_k<scalar_t, A>(x.data_ptr<scalar_t>(), b.data_ptr<A>(), y.data_ptr<scalar_t>(),
+                                 N, C, HW, l, tanh_approx);
   });
   return y;
 }
@@ -174,99 +285,36 @@ std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tens
   at::Tensor dx = at::empty_like(x);
   at::Tensor db;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    const auto acc_t = c10::CppTypeToScalarType<A>::value;
-    at::Tensor b = bias.to(acc_t).contiguous();
-    const A* bp = b.data_ptr<A>();
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* gp = dy.data_ptr<scalar_t>();
-    scalar_t* dp = dx.data_ptr<scalar_t>();
-    if (l == Layout::kNCHW) {
-      at::Tensor part = at::empty({N, C}, x.options().dtype(acc_t));  // one sum per plane
-      A* pp = part.data_ptr<A>();
-      at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const A bc = bp[t % C];
-          const int64_t o = t * HW;
-          A s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < HW; ++i) {
-            const A d = static_cast<A>(gp[o + i]) *
-                        gelu_grad(static_cast<A>(xp[o + i]) + bc, tanh_approx);
-            dp[o + i] = static_cast<scalar_t>(d);
-            s += d;  // dbias = sum over N, H, W of dx
-          }
-          pp[t] = s;
-        }
-      });
-      db = part.sum(0);
-    } else {
-      const int64_t rows = N * HW, nblk = (rows + kRowBlock - 1) / kRowBlock;
-      at::Tensor part = at::empty({nblk, C}, x.options().dtype(acc_t));  // one row per block
-      A* pp = part.data_ptr<A>();
-      at::parallel_for(0, nblk, grain(C * kRowBlock), [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) {
-          A* acc = pp + k * C;
-          std::fill(acc, acc + C, A(0));
-          for (int64_t r = k * kRowBlock; r < std::min(rows, (k + 1) * kRowBlock); ++r) {
-            const int64_t o = r * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) {
-              const A d = static_cast<A>(gp[o + c]) *
-                          gelu_grad(static_cast<A>(xp[o + c]) + bp[c], tanh_approx);
-              dp[o + c] = static_cast<scalar_t>(d);
-              acc[c] += d;
-            }
-          }
-        }
-      });
-      db = part.sum(0);
-    }
+    using A = Acc<scalar_t>;
+    at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
+    const int64_t rows = l == Layout::kNCHW ? N : (N * HW + kRowBlock - 1) / kRowBlock;
+    at::Tensor part = at::empty({rows, C}, x.options().dtype(acc_type<scalar_t>()));
+    bias_gelu_bwd_k<scalar_t, A>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), b.data_ptr<A>(),
+                                 dx.data_ptr<scalar_t>(), part.data_ptr<A>(), N, C, HW, l,
+                                 tanh_approx);
+    db = part.sum(0);
   });
   return {dx, db.to(bias.scalar_type())};
 }
 
-// ---------------------------------------------------------------- SE gate: x * sigmoid(g)
 // g is (N, C, 1, 1): one gate per plane.
-at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g_) {
+at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  TORCH_CHECK(g_.numel() == N * C, "gate_logits must be (N, C, 1, 1)");
+  TORCH_CHECK(g.numel() == N * C, "gate_logits must be (N, C, 1, 1)");
   at::Tensor y = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_forward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    at::Tensor s = g_.to(c10::CppTypeToScalarType<A>::value).reshape({N * C}).sigmoid();
-    const A* sp = s.data_ptr<A>();
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    if (l == Layout::kNCHW) {
-      at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const A st = sp[t];
-          const int64_t o = t * HW;
-#pragma omp simd
-          for (int64_t i = 0; i < HW; ++i)
-            yp[o + i] = static_cast<scalar_t>(static_cast<A>(xp[o + i]) * st);
-        }
-      });
-    } else {
-      at::parallel_for(0, N * HW, grain(C), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const A* sn = sp + (r / HW) * C;
-          const int64_t o = r * C;
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c)
-            yp[o + c] = static_cast<scalar_t>(static_cast<A>(xp[o + c]) * sn[c]);
-        }
-      });
-    }
+    using A = Acc<scalar_t>;
+    at::Tensor s = g.to(acc_type<scalar_t>()).reshape({N * C}).sigmoid().contiguous();
+    se_gate_fwd_k<scalar_t, A>(x.data_ptr<scalar_t>(), s.data_ptr<A>(), y.data_ptr<scalar_t>(),
+                               N, C, HW, l);
   });
   return y;
 }
 
 std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor& x_,
-                                         const at::Tensor& g_) {
+                                         const at::Tensor& g) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
@@ -274,57 +322,16 @@ std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor
   at::Tensor dx = at::empty_like(x);
   at::Tensor dg;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_backward", [&] {
-    using A = typename AccOf<scalar_t>::type;
-    const auto acc_t = c10::CppTypeToScalarType<A>::value;
-    at::Tensor s = g_.to(acc_t).reshape({N * C}).sigmoid();
-    const A* sp = s.data_ptr<A>();
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* gp = dy.data_ptr<scalar_t>();
-    scalar_t* dp = dx.data_ptr<scalar_t>();
-    at::Tensor dot;  // sum over H*W of dy * x, (N*C)
-    if (l == Layout::kNCHW) {
-      dot = at::empty({N * C}, x.options().dtype(acc_t));
-      A* op = dot.data_ptr<A>();
-      at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const A st = sp[t];
-          const int64_t o = t * HW;
-          A acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t i = 0; i < HW; ++i) {
-            const A g = static_cast<A>(gp[o + i]);
-            dp[o + i] = static_cast<scalar_t>(g * st);
-            acc += g * static_cast<A>(xp[o + i]);
-          }
-          op[t] = acc;
-        }
-      });
-    } else {
-      const int64_t P = std::min<int64_t>(kHwParts, std::max<int64_t>(1, HW));
-      at::Tensor part = at::empty({N, P, C}, x.options().dtype(acc_t));
-      A* pp = part.data_ptr<A>();
-      at::parallel_for(0, N * P, grain(C * HW / P + 1), [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) {
-          const int64_t n = k / P, p = k % P;
-          const A* sn = sp + n * C;
-          A* acc = pp + k * C;
-          std::fill(acc, acc + C, A(0));
-          for (int64_t hw = p * HW / P; hw < (p + 1) * HW / P; ++hw) {
-            const int64_t o = (n * HW + hw) * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) {
-              const A g = static_cast<A>(gp[o + c]);
-              dp[o + c] = static_cast<scalar_t>(g * sn[c]);
-              acc[c] += g * static_cast<A>(xp[o + c]);
-            }
-          }
-        }
-      });
-      dot = part.sum(1).reshape({N * C});
-    }
-    dg = (dot * s * (1 - s)).view(g_.sizes());
+    using A = Acc<scalar_t>;
+    at::Tensor s = g.to(acc_type<scalar_t>()).reshape({N * C}).sigmoid().contiguous();
+    const int64_t P = l == Layout::kNCHW ? 1 : std::min<int64_t>(kHwParts, std::max<int64_t>(1, HW));
+    at::Tensor part = at::empty({N, P, C}, x.options().dtype(acc_type<scalar_t>()));
+    se_gate_bwd_k<scalar_t, A>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), s.data_ptr<A>(),
+                               dx.data_ptr<scalar_t>(), part.data_ptr<A>(), N, C, HW, P, l);
+    at::Tensor dot = part.sum(1).reshape({N * C});  // sum over H*W of dy * x
+    dg = (dot * s * (1 - s)).view(g.sizes());
   });
-  return {dx, dg.to(g_.scalar_type())};
+  return {dx, dg.to(g.scalar_type())};
 }
 
 }  // namespace

@@ -1,0 +1,469 @@
+"""The op fuser: rewrites a model into fusebench's fused ops, one registered fusion at a time.
+
+A fusion is a pure rewrite (TransformerEngine `ops/fuser.py` style): it looks at one module and
+returns its fused replacement, or None when the pattern does not match. Fused modules hold no
+state of their own: they keep the original submodules / Parameters under the same names, so
+optimizers, state dicts and FSDP see the very same Parameters. Only the `infer` bench folds
+conv+BN, and it does so on a copy.
+
+Several basic ops in one autograd.Function (`FusedOps`): the number of parameters each op owns
+is captured in forward (`ctx.counts`) and used in backward to split the gradients; backward
+never calls `parameters()`. Under FSDP1(use_orig_params=True) `parameters()` returns [] during
+backward, which is how a well-known fused-op framework died with "Expected op 0 to generate 0
+param grads, but got 2".
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusebench.models.layers import ConvBNAct, ConvMlp, LayerNorm2d, SqueezeExcite
+from fusebench.registry import Registry
+
+# --- several ops, one autograd.Function -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """Pure functions over groups of parameters, one group per basic op:
+    fwd(x, groups) -> (y, saved tensors); bwd(dy, saved, groups) -> (dx, grads per group)."""
+    name: str
+    fwd: Callable
+    bwd: Callable
+
+
+def _split(flat: tuple, counts: tuple[int, ...]) -> tuple[tuple, ...]:
+    out, i = [], 0
+    for n in counts:
+        out.append(tuple(flat[i:i + n]))
+        i += n
+    return tuple(out)
+
+
+class FusedOps(torch.autograd.Function):
+    """Runs a FusedKernel. Every tensor backward needs goes through save_for_backward, so saved
+    tensor hooks (activation bytes) see it."""
+
+    @staticmethod
+    def forward(ctx, kernel: FusedKernel, counts: tuple[int, ...], x, *flat):
+        y, saved = kernel.fwd(x, _split(flat, counts))
+        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(saved)   # captured here
+        ctx.save_for_backward(*saved, *flat)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        tensors = ctx.saved_tensors
+        saved, groups = tensors[:ctx.n_saved], _split(tensors[ctx.n_saved:], ctx.counts)
+        dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
+        for i, (g, dg) in enumerate(zip(groups, dgroups)):
+            if len(dg) != len(g):
+                raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
+                                   f"but got {len(dg)}")
+        return (None, None, dx, *[d for dg in dgroups for d in dg])
+
+
+def fused_ops(kernel: FusedKernel, x: torch.Tensor, groups) -> torch.Tensor:
+    """groups: one tuple of Parameters per basic op, read from the owning modules at call time
+    (FSDP swaps them per forward). The counts travel with the autograd node."""
+    groups = tuple(tuple(p for p in g if p is not None) for g in groups)
+    counts = tuple(len(g) for g in groups)
+    return FusedOps.apply(kernel, counts, x, *[p for g in groups for p in g])
+
+
+def _conv_bwd(dy, x, w, bias: bool, padding=(0, 0), groups=1):
+    """(dx, dw, db|None) of conv2d(x, w, b, stride 1): aten's own backward, same as eager."""
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        dy, x, w, [w.shape[0]] if bias else None, (1, 1), padding, (1, 1), False, (0, 0),
+        groups, (True, True, bias))
+    return dx, dw, db
+
+
+# bias + GELU + fc2 (ConvNeXt MLP tail): saves only the pre-bias fc1 output h0 (N, 4C, H, W);
+# the GELU output that fc2 needs for its weight gradient is recomputed in backward.
+def _bias_gelu_fc2_fwd(approximate):
+    def fwd(h0, groups):
+        (b1,), (w2, b2) = groups
+        g = F.gelu(h0 + b1[:, None, None], approximate=approximate)   # (N, 4C, H, W)
+        return F.conv2d(g, w2, b2), (h0,)
+    return fwd
+
+
+def _bias_gelu_fc2_bwd(approximate):
+    def bwd(dy, saved, groups):
+        (h0,), ((b1,), (w2, b2)) = saved, groups
+        h = h0 + b1[:, None, None]
+        g = F.gelu(h, approximate=approximate)
+        dg, dw2, db2 = _conv_bwd(dy, g, w2, True)
+        dh = torch.ops.aten.gelu_backward(dg, h, approximate=approximate)
+        return dh, ((dh.sum((0, 2, 3)),), (dw2, db2))
+    return bwd
+
+
+BIAS_GELU_FC2 = {a: FusedKernel(f"bias_gelu_fc2[{a}]", _bias_gelu_fc2_fwd(a),
+                                _bias_gelu_fc2_bwd(a)) for a in ("none", "tanh")}
+
+
+# squeeze-excite gate: x * sigmoid(expand(silu(reduce(mean_hw(x))))), ops reduce (w, b) and
+# expand (w, b). Saves x and the (N, C, 1, 1)-sized intermediates only.
+def _se_fwd(x, groups):
+    (wr, br), (we, be) = groups
+    s = x.mean((2, 3), keepdim=True)                    # (N, C, 1, 1)
+    r = F.conv2d(s, wr, br)                             # (N, R, 1, 1)
+    e = F.conv2d(F.silu(r), we, be)                     # (N, C, 1, 1)
+    return x * torch.sigmoid(e), (x, s, r, e)
+
+
+def _se_bwd(dy, saved, groups):
+    x, s, r, e = saved
+    (wr, br), (we, be) = groups
+    gate = torch.sigmoid(e)
+    dgate = (dy * x).sum((2, 3), keepdim=True)          # (N, C, 1, 1)
+    de = dgate * gate * (1 - gate)
+    da, dwe, dbe = _conv_bwd(de, F.silu(r), we, True)
+    dr = torch.ops.aten.silu_backward(da, r)
+    ds, dwr, dbr = _conv_bwd(dr, s, wr, True)
+    dx = dy * gate + ds / (x.shape[2] * x.shape[3])     # mean's backward spreads ds over H*W
+    return dx, ((dwr, dbr), (dwe, dbe))
+
+
+SE_GATE = FusedKernel("se_gate", _se_fwd, _se_bwd)
+
+
+# training-mode BatchNorm + SiLU: saves the BN input and the (C,) statistics; the BN output
+# that SiLU's backward needs is recomputed. Running statistics are updated as eager does.
+def _bn_silu_fwd(eps):
+    def fwd(c, groups):
+        (w, b), = groups
+        var, mean = torch.var_mean(c, (0, 2, 3), correction=0)
+        invstd = torch.rsqrt(var + eps)
+        y = (c - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
+        return F.silu(y), (c, mean, invstd)
+    return fwd
+
+
+def _bn_silu_bwd(dy, saved, groups):
+    (c, mean, invstd), ((w, b),) = saved, groups
+    y = (c - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
+    dbn = torch.ops.aten.silu_backward(dy, y)
+    dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+        dbn, c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
+    return dx, ((dw, db),)
+
+
+BN_SILU: dict[float, FusedKernel] = {}
+
+
+def bn_silu_kernel(eps: float) -> FusedKernel:
+    if eps not in BN_SILU:
+        BN_SILU[eps] = FusedKernel(f"bn_silu[{eps:g}]", _bn_silu_fwd(eps), _bn_silu_bwd)
+    return BN_SILU[eps]
+
+
+class _MemoryEfficientSiLU(torch.autograd.Function):
+    """silu saving only its input (timm activations_me)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.silu(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(dy, x)
+
+
+# --- fused modules (no state of their own) ----------------------------------------------------
+
+
+class FusedModule(nn.Module):
+    """Marker base: a module the fuser produced. `fusion` names the fusion that made it."""
+    fusion = ""
+
+
+class FusedLayerNorm2d(FusedModule):
+    """LN2d through a kernel impl; weight and bias are the original module's Parameters."""
+    fusion = "ln2d"
+
+    def __init__(self, src: LayerNorm2d, impl: str, fn: Callable):
+        super().__init__()
+        self.num_channels, self.eps, self.impl, self._fn = src.num_channels, src.eps, impl, fn
+        self.weight, self.bias = src.weight, src.bias          # same Parameters, same names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
+        return self._fn(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_channels}, eps={self.eps}, impl={self.impl}"
+
+
+class FusedConvMlp(FusedModule):
+    """fc1 (no bias) -> FusedOps[bias+GELU (fc1.bias), fc2 (weight, bias)]."""
+    fusion = "mlp_bias_gelu"
+
+    def __init__(self, src: ConvMlp):
+        super().__init__()
+        self.fc1, self.fc2 = src.fc1, src.fc2
+        self.kernel = BIAS_GELU_FC2[src.act.approximate]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
+        h0 = F.conv2d(x, self.fc1.weight)                    # (N, 4C, H, W), bias in the fusion
+        return fused_ops(self.kernel, h0, ((self.fc1.bias,), (self.fc2.weight, self.fc2.bias)))
+
+
+class FusedSqueezeExcite(FusedModule):
+    fusion = "se_gate"
+
+    def __init__(self, src: SqueezeExcite):
+        super().__init__()
+        self.conv_reduce, self.conv_expand = src.conv_reduce, src.conv_expand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_ops(SE_GATE, x, ((self.conv_reduce.weight, self.conv_reduce.bias),
+                                      (self.conv_expand.weight, self.conv_expand.bias)))
+
+
+class FusedConvBNSiLU(FusedModule):
+    """conv -> FusedOps[BatchNorm (weight, bias) + SiLU] while training; eager BN otherwise."""
+    fusion = "bn_silu"
+
+    def __init__(self, src: ConvBNAct):
+        super().__init__()
+        self.conv, self.bn = src.conv, src.bn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.conv(x)
+        bn = self.bn
+        if not (bn.training and bn.track_running_stats and bn.affine):
+            return F.silu(bn(c))
+        y = fused_ops(bn_silu_kernel(bn.eps), c, ((bn.weight, bn.bias),))
+        _update_running_stats(bn, c)
+        return y
+
+
+@torch.no_grad()
+def _update_running_stats(bn: nn.BatchNorm2d, c: torch.Tensor) -> None:
+    """What eager BatchNorm does to its buffers in training (unbiased running variance)."""
+    bn.num_batches_tracked.add_(1)
+    m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+    var, mean = torch.var_mean(c, (0, 2, 3), correction=1)
+    bn.running_mean.mul_(1 - m).add_(mean.to(bn.running_mean.dtype), alpha=m)
+    bn.running_var.mul_(1 - m).add_(var.to(bn.running_var.dtype), alpha=m)
+
+
+class MemoryEfficientSiLU(FusedModule):
+    fusion = "silu_me"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MemoryEfficientSiLU.apply(x)
+
+
+class FoldedConvAct(FusedModule):
+    """Inference: conv with BatchNorm folded into its weight and bias, then the activation."""
+    fusion = "conv_bn_fold"
+
+    def __init__(self, conv: nn.Conv2d, act: nn.Module):
+        super().__init__()
+        self.conv, self.act = conv, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))
+
+
+@torch.no_grad()
+def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A new conv equal to bn(conv(x)) with bn's running statistics (eval mode)."""
+    fused = copy.deepcopy(conv)
+    scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps) if bn.affine else \
+        torch.rsqrt(bn.running_var + bn.eps)
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    shift = bn.bias if bn.affine else torch.zeros_like(bn.running_mean)
+    fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
+    fused.bias = nn.Parameter((bias - bn.running_mean) * scale + shift)
+    return fused
+
+
+# --- the registry of fusions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fusion:
+    name: str
+    matches: tuple[type, ...]
+    rewrite: Callable[[nn.Module, "FuseContext"], nn.Module | None]
+    benches: tuple[str, ...]
+    description: str = ""
+
+
+@dataclass
+class FuseContext:
+    bench: str
+    device: str
+    ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
+    notes: list[tuple[str, str]] = field(default_factory=list)   # (event kind, message)
+
+
+FUSIONS: Registry[Fusion] = Registry("fusion")
+
+
+def register_fusion(name: str, matches, benches=("train", "infer"), description: str = ""):
+    """Decorator: `rewrite(module, ctx) -> new module | None` becomes fusion `name`. Fusions
+    are tried in registration order; a module a fusion replaced is not visited again."""
+    def deco(fn):
+        types = matches if isinstance(matches, tuple) else (matches,)
+        FUSIONS.add(name, Fusion(name, types, fn, tuple(benches),
+                                 description or (fn.__doc__ or "").strip().split("\n")[0]))
+        return fn
+    return deco
+
+
+@register_fusion("conv_bn_fold", ConvBNAct, benches=("infer",))
+def _fold(m: ConvBNAct, ctx: FuseContext):
+    """ConvBNAct -> one conv with BatchNorm folded in (+ act), inference only."""
+    return FoldedConvAct(fold_conv_bn(m.conv, m.bn), m.act)
+
+
+@register_fusion("conv_bn_fold_seq", nn.Sequential, benches=("infer",))
+def _fold_seq(m: nn.Sequential, ctx: FuseContext):
+    """nn.Sequential(..., Conv2d, BatchNorm2d, ...) -> folded conv, BN dropped (user models)."""
+    mods, out, i, hit = list(m), [], 0, False
+    while i < len(mods):
+        if (i + 1 < len(mods) and type(mods[i]) is nn.Conv2d and type(mods[i + 1]) is
+                nn.BatchNorm2d and mods[i + 1].track_running_stats):
+            out.append(FoldedConvAct(fold_conv_bn(mods[i], mods[i + 1]), nn.Identity()))
+            i, hit = i + 2, True
+        else:
+            out.append(mods[i])
+            i += 1
+    return nn.Sequential(*out) if hit else None
+
+
+@register_fusion("se_gate", SqueezeExcite)
+def _se(m: SqueezeExcite, ctx: FuseContext):
+    """SqueezeExcite -> one Function: reduce, SiLU, expand, sigmoid gate."""
+    if type(m.act) is not nn.SiLU or type(m.gate) is not nn.Sigmoid:
+        return None
+    return FusedSqueezeExcite(m)
+
+
+@register_fusion("bn_silu", ConvBNAct, benches=("train",))
+def _bn_silu(m: ConvBNAct, ctx: FuseContext):
+    """ConvBNAct with SiLU -> BN+SiLU in one Function that keeps only the BN input."""
+    return FusedConvBNSiLU(m) if type(m.act) is nn.SiLU and type(m.bn) is nn.BatchNorm2d \
+        else None
+
+
+@register_fusion("silu_me", nn.SiLU)
+def _silu(m: nn.SiLU, ctx: FuseContext):
+    """nn.SiLU -> memory-efficient SiLU (saves its input only)."""
+    return MemoryEfficientSiLU()
+
+
+@register_fusion("mlp_bias_gelu", ConvMlp)
+def _mlp(m: ConvMlp, ctx: FuseContext):
+    """ConvMlp -> fc1 without bias, then bias+GELU+fc2 in one Function (keeps fc1's output)."""
+    if type(m.act) is not nn.GELU or (m.drop.p > 0 and ctx.bench == "train"):
+        return None
+    if m.fc2.kernel_size != (1, 1) or m.fc2.groups != 1 or m.fc1.bias is None \
+            or m.fc2.bias is None:
+        return None
+    return FusedConvMlp(m)
+
+
+@register_fusion("ln2d", LayerNorm2d)
+def _ln2d(m: LayerNorm2d, ctx: FuseContext):
+    """LayerNorm2d -> the fused LN2d kernel (function impl when it cannot build)."""
+    if ctx.ln2d is None:
+        ctx.ln2d = resolve_ln2d(ctx.device, ctx.notes)
+    impl, fn = ctx.ln2d
+    return FusedLayerNorm2d(m, impl, fn)
+
+
+def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
+    """The impl `fused` means here (cpu / triton), or `function` with a kernel_fallback note."""
+    from fusebench.kernels import get_impl
+    from fusebench.kernels.ln2d import fused
+    name, reason = fused.resolve(device)
+    if name is not None:
+        notes.append(("info", f"ln2d: fused kernel = '{name}'"))
+        return name, get_impl("ln2d", name).fn
+    notes.append(("kernel_fallback", f"ln2d fused unavailable ({reason}); "
+                                     f"ran '{fused.FALLBACK}' instead"))
+    return fused.FALLBACK, get_impl("ln2d", fused.FALLBACK).fn
+
+
+# --- the walk ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FuseResult:
+    model: nn.Module
+    sites: Counter                   # fusion name -> modules rewritten
+    unfused: Counter                 # leaf module type -> count, outside every fused module
+    notes: list[tuple[str, str]]
+
+
+def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
+         only: list[str] | None = None) -> FuseResult:
+    """Apply every registered fusion for `bench`. Train: submodules are swapped in place
+    (same Parameters, same names; the root is never replaced). Infer: a fused deep copy."""
+    if bench == "infer":
+        model = copy.deepcopy(model)
+    ctx = FuseContext(bench, str(device))
+    sites: Counter = Counter()
+    for fusion in FUSIONS.values():
+        if bench not in fusion.benches or (only is not None and fusion.name not in only):
+            continue
+        for path, parent, name, child in _candidates(model, fusion.matches):
+            new = fusion.rewrite(child, ctx)
+            if new is not None:
+                new.train(child.training)
+                setattr(parent, name, new)
+                sites[fusion.name] += 1
+    return FuseResult(model, sites, unfused_leaves(model), ctx.notes)
+
+
+def _candidates(model: nn.Module, types: tuple[type, ...]):
+    """(path, parent, attr, module) for children of `types`, outside fused modules; listed
+    up front so replacing one does not disturb the walk."""
+    found = []
+
+    def walk(mod: nn.Module, prefix: str):
+        for name, child in mod.named_children():
+            if isinstance(child, FusedModule):
+                continue
+            path = f"{prefix}{name}"
+            if type(child) in types:
+                found.append((path, mod, name, child))
+            else:
+                walk(child, path + ".")
+    walk(model, "")
+    return found
+
+
+def unfused_leaves(model: nn.Module) -> Counter:
+    out: Counter = Counter()
+
+    def walk(mod: nn.Module):
+        if isinstance(mod, FusedModule):
+            return
+        children = list(mod.children())
+        if not children and mod is not model:
+            out[type(mod).__name__] += 1
+        for c in children:
+            walk(c)
+    walk(model)
+    return out
+
+
+def list_fusions() -> list[str]:
+    return FUSIONS.names()

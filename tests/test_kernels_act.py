@@ -1,0 +1,258 @@
+"""Every registered silu / se_gate / bias_gelu impl against the float64 reference; what each
+saves for backward; the modules the fuser swaps in; `fusebench kernel silu` end to end."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the triton kernels are first imported
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fusebench.kernels import get_impl, list_impls
+from fusebench.kernels.act import (BiasGELU, SEGate, SiLUMemEff, bias_gelu, cpu, se_gate,
+                                   silu_me)
+from fusebench.kernels.problems import PROBLEMS
+from fusebench.measure.memory import SavedTensorBytes
+
+FAMILIES = ("silu", "se_gate", "bias_gelu")
+CASES = [(f, n) for f in FAMILIES for n in list_impls(f)]
+SHAPES = [(1, 1, 5, 3), (2, 3, 7, 5), (1, 7, 13, 11), (2, 129, 3, 5)]
+
+
+def _ids(case):
+    return "-".join(map(str, case)) if isinstance(case, tuple) else str(case)
+
+
+def _impl(family, name):
+    k = get_impl(family, name)
+    ok, reason = k.available("cpu")
+    if not ok:
+        pytest.skip(f"{family} {name}: {reason}")
+    if name == "cpu":
+        ok, reason = cpu.build()        # one build per session (disk-cached across sessions)
+        if not ok:
+            pytest.skip(reason)
+    return k.fn
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item()
+
+
+def _layout(x, layout):
+    if layout == "channels_last":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":                      # neither NCHW- nor channels-last-contiguous
+        N, C, H, W = x.shape
+        big = torch.zeros(N, C, H, 2 * W, dtype=x.dtype)
+        big[..., ::2] = x
+        x = big[..., ::2]
+        assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def run_and_compare(family, fn, x, dtype=torch.float32, **kw):
+    """fwd + every grad of fn vs the float64 reference: {name: rel err}."""
+    problem = PROBLEMS[family]
+    g = torch.Generator().manual_seed(1)
+    params = {k: v.to(dtype) for k, v in (problem.make_params(list(x.shape), g)
+                                          if problem.make_params else {}).items()}
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    xg = x.detach().to(dtype).requires_grad_()
+    ps = [params[n].requires_grad_() for n in problem.params]
+    y = fn(xg, *ps, **kw)
+    assert y.shape == x.shape and y.dtype == dtype
+    grads = torch.autograd.grad(y, [xg, *ps], dy)
+    xr = x.detach().double().requires_grad_()
+    pr = [p.detach().double().requires_grad_() for p in ps]
+    yr = problem.reference(xr, *pr, **kw)
+    refs = torch.autograd.grad(yr, [xr, *pr], dy.double())
+    errs = {"y": _rel(y, yr)}
+    errs.update({n: _rel(a, b) for n, a, b in zip(problem.grad_names(), grads, refs)})
+    return errs
+
+
+def assert_close(errs, tol):
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"errors over {tol}: {bad}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+def test_matches_reference(case, shape, layout):
+    fn = _impl(*case)
+    x = _layout(torch.randn(shape, generator=torch.Generator().manual_seed(0)), layout)
+    assert_close(run_and_compare(case[0], fn, x), 1e-5)
+
+
+@pytest.mark.parametrize("name", list_impls("bias_gelu"))
+def test_bias_gelu_tanh(name):
+    fn = _impl("bias_gelu", name)
+    x = 3 * torch.randn(2, 7, 5, 3, generator=torch.Generator().manual_seed(0))
+    errs = run_and_compare("bias_gelu", lambda x, b: fn(x, b, approximate="tanh"), x)
+    assert_close(errs, 1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bfloat16(case, channels_last):
+    fn = _impl(*case)
+    x = _layout(torch.randn(2, 24, 7, 5, generator=torch.Generator().manual_seed(0)),
+                "channels_last" if channels_last else "nchw")
+    assert_close(run_and_compare(case[0], fn, x, dtype=torch.bfloat16), 3e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name,dtype", [("cpu", torch.float16), ("triton", torch.float64)])
+def test_unsupported_dtype_is_a_clear_error(family, name, dtype):
+    fn = _impl(family, name)
+    x = torch.randn(1, 4, 3, 3).to(dtype)
+    args = {"silu": (), "se_gate": (torch.zeros(1, 4, 1, 1, dtype=dtype),),
+            "bias_gelu": (torch.zeros(4, dtype=dtype),)}[family]
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        fn(x, *args)
+
+
+GRADCHECK = [(f, n) for f in FAMILIES for n in ("function", "cpu")]
+
+
+@pytest.mark.parametrize("case", GRADCHECK, ids=_ids)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gradcheck_float64(case, channels_last):
+    family, name = case
+    fn = _impl(family, name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 4, generator=g, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    params = PROBLEMS[family].make_params([2, 5, 3, 4], g) if family != "silu" else {}
+    inputs = (x, *(p.double() for p in params.values()))
+    inputs = tuple(t.requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(fn, inputs)
+    if family == "bias_gelu":
+        assert torch.autograd.gradcheck(lambda x, b: fn(x, b, approximate="tanh"), inputs)
+
+
+# ------------------------------------------------------------------------- saved tensors
+def _saved(fn, x, *params):
+    """(bytes saved, bytes saved that are not x's own storage); params are excluded."""
+    x = x.detach().requires_grad_()
+    ps = [p.detach().requires_grad_() for p in params]
+    total, extra = SavedTensorBytes(exclude=ps), SavedTensorBytes(exclude=[x, *ps])
+    with total.track(), extra.track():
+        y = fn(x, *ps)
+    del y
+    return total.bytes, extra.bytes
+
+
+SMALL = 8 * 32 * 4             # (N, C) gate logits of the shape below, float32
+SAVE_SHAPE = (8, 32, 14, 14)
+
+
+@pytest.mark.parametrize("name", [n for n in list_impls("silu") if n != "naive"])
+def test_silu_saves_only_the_input(name):
+    fn = _impl("silu", name)
+    x = torch.randn(SAVE_SHAPE)
+    assert _saved(fn, x) == (x.nbytes, 0)
+    naive, naive_extra = _saved(get_impl("silu", "naive").fn, x)
+    assert naive == 2 * x.nbytes and naive_extra == x.nbytes      # x and sigmoid(x)
+
+
+@pytest.mark.parametrize("name", list_impls("se_gate"))
+def test_se_gate_saves_x_and_the_small_logits(name):
+    fn = _impl("se_gate", name)
+    x, g = torch.randn(SAVE_SHAPE), torch.randn(8, 32, 1, 1)
+    total, extra = _saved(lambda x: fn(x, g), x)                  # g as an activation here
+    assert x.nbytes <= total <= x.nbytes + SMALL and extra <= SMALL
+
+
+@pytest.mark.parametrize("name", [n for n in list_impls("bias_gelu") if n != "eager"])
+def test_bias_gelu_saves_only_x(name):
+    fn = _impl("bias_gelu", name)
+    x, b = torch.randn(SAVE_SHAPE), torch.randn(32)
+    assert _saved(fn, x, b) == (x.nbytes, 0)
+    eager_extra = _saved(get_impl("bias_gelu", "eager").fn, x, b)[1]
+    assert eager_extra == x.nbytes                                # the x + bias temporary
+
+
+# ------------------------------------------------------------------------- modules
+def test_silu_module_is_a_drop_in():
+    m = SiLUMemEff(inplace=True)
+    x = torch.randn(2, 3, 4, 5)
+    torch.testing.assert_close(m(x), nn.SiLU()(x))
+    assert torch.equal(silu_me(x), m(x)) and "impl=function" in repr(m)
+
+
+def test_se_gate_module_in_squeeze_excite():
+    from fusebench.models.layers import SqueezeExcite
+    torch.manual_seed(0)
+    se = SqueezeExcite(16, 4)
+    x = torch.randn(2, 16, 5, 7, requires_grad=True)
+    y_ref = se(x)
+    gx_ref, *gp_ref = torch.autograd.grad(y_ref.square().sum(), [x, *se.parameters()])
+    gate = SEGate()
+    s = se.conv_expand(se.act(se.conv_reduce(x.mean((2, 3), keepdim=True))))
+    y = gate(x, s)
+    gx, *gp = torch.autograd.grad(y.square().sum(), [x, *se.parameters()])
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(gx, gx_ref)
+    for a, b in zip(gp, gp_ref):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(se_gate(x, s), y)
+
+
+def test_bias_gelu_module_shares_the_conv_bias():
+    from fusebench.models.layers import ConvMlp
+    torch.manual_seed(0)
+    mlp = ConvMlp(8, 16)
+    x = torch.randn(2, 8, 5, 3)
+    y_ref = mlp(x)
+    bias = mlp.fc1.bias
+    bg = BiasGELU(mlp.fc1.bias, approximate=mlp.act.approximate)
+    mlp.fc1.bias = None
+    mlp.act = bg
+    assert bg.bias is bias and any(p is bias for p in mlp.parameters())
+    y = mlp(x)
+    torch.testing.assert_close(y, y_ref)
+    y.sum().backward()
+    assert bias.grad is not None and bias.grad.shape == (16,)
+    torch.testing.assert_close(bias_gelu(mlp.fc1(x), bias), mlp.act(mlp.fc1(x)))
+    with pytest.raises(TypeError, match="nn.Parameter"):
+        BiasGELU(torch.zeros(16))
+
+
+# ------------------------------------------------------------------------- fusebench kernel
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plan_default_shape(family):
+    from fusebench.kernels.bench import KernelRequest, plan_kernel
+    specs = plan_kernel(KernelRequest(family, impls="eager,function"))
+    assert [dict(s.extra)["shape"] for s in specs] == [[8, 96, 56, 56]] * 2
+
+
+@pytest.mark.parametrize("family", ["se_gate", "bias_gelu"])
+def test_run_cell_records(family):
+    from fusebench.kernels.bench import KernelRequest, plan_kernel, run_cell
+    specs = plan_kernel(KernelRequest(family, impls="eager,function", shapes=("2,5,6,7",),
+                                      warmup=1, steps=2))
+    for spec in specs:
+        r = run_cell(spec, lambda p: None)
+        assert r.status == "ok", r.error
+        assert r.correctness.max_rel_err_grad is not None and r.extra["gbps"] > 0
+
+
+def test_cli_silu_all_json(capsys):
+    """Real worker processes, every silu impl (triton interpreted: TRITON_INTERPRET=1)."""
+    from fusebench.cli import main
+    code = main(["kernel", "silu", "--impl", "all", "--shape", "2,8,5,7", "--steps", "2",
+                 "--warmup", "1", "--device", "cpu", "--no-save", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    by_impl = {r["impl"]: r for r in doc["records"]}
+    assert set(by_impl) == set(list_impls("silu"))
+    assert all(r["status"] in ("ok", "unavailable") for r in doc["records"]), doc["records"]
+    assert by_impl["function"]["status"] == "ok" and by_impl["eager"]["status"] == "ok"
+    assert by_impl["naive"]["activation_bytes"] == 2 * by_impl["function"]["activation_bytes"]
+    assert code == 0

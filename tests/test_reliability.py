@@ -1,0 +1,290 @@
+"""Reliability: a fault costs one cell, nothing finished is lost, failures come with a repro.
+
+Faults are planted by test-only modes (tests/assets/fault_modes.py, tests/assets/more_faults.py)
+loaded into the CLI and every worker through FUSEBENCH_PLUGINS. Real processes, real signals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fusebench.results import ResultsWriter, load, save, write_atomic
+from fusebench.spec import Correctness, ErrorInfo, Record
+from tests.helpers import ASSETS, FAULT_PLUGIN, TINY, tiny_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+MORE_FAULTS = str(ASSETS / "more_faults.py")
+PLUGINS = f"{FAULT_PLUGIN},{MORE_FAULTS}"
+FAULTS_INJECTED: set[str] = set()     # fault kinds this file plants (for the note)
+
+
+def with_all_fault_modes(monkeypatch) -> None:
+    monkeypatch.setenv("FUSEBENCH_PLUGINS", PLUGINS)
+    from fusebench.plugins import load_plugins
+    load_plugins()
+
+
+# ------------------------------------------------------------------------ atomic results file
+def _doc(n: int) -> dict:
+    recs = [Record.for_spec(tiny_spec(batch_size=i + 1), "ok") for i in range(n)]
+    return {"schema": "fusebench/1", "created": "x", "command": [], "env": {},
+            "records": [r.to_dict() for r in recs]}
+
+
+@pytest.mark.parametrize("fails", ["os.replace", "os.fsync"])
+def test_crash_mid_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch, fails):
+    path = tmp_path / "r.json"
+    save(_doc(1), path)
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device (planted)")
+    monkeypatch.setattr(fails, boom)
+    with pytest.raises(OSError, match="planted"):
+        save(_doc(2), path)
+    writer = ResultsWriter(path, {})
+    with pytest.raises(OSError, match="planted"):
+        writer.append(Record.for_spec(tiny_spec(), "ok"))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert len(load(path)["records"]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]       # no temp file left
+    FAULTS_INJECTED.add(f"crash mid-write ({fails} fails)")
+
+
+def test_sigkill_during_writes_never_leaves_a_corrupt_file(tmp_path):
+    """A real process rewriting a 1-3 MB document in a loop is SIGKILLed at odd moments: the file
+    always loads (old or new version)."""
+    path = tmp_path / "r.json"
+    save(_doc(1), path)
+    code = ("import sys; from fusebench.results import save; from tests.test_reliability import _doc\n"
+            "i = 0\n"
+            "while True:\n"
+            "    save(_doc(300 + 200 * (i % 3)), sys.argv[1]); i += 1\n")
+    for delay in (0.9, 1.3, 1.7):
+        p = subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        time.sleep(delay)
+        p.kill()
+        p.wait(10)
+        assert load(path)["records"]                    # valid JSON, valid schema
+    FAULTS_INJECTED.add("SIGKILL during an atomic write")
+
+
+# ------------------------------------------------------------------------ CLI runs we interrupt
+class CliRun:
+    """`python -m fusebench run` in a real subprocess whose 2nd cell hangs in its first call."""
+
+    def __init__(self, tmp: Path, name: str):
+        self.out = tmp / name
+        self.log_out, self.log_err = tmp / f"{name}.stdout", tmp / f"{name}.stderr"
+        env = {**os.environ, "FUSEBENCH_PLUGINS": PLUGINS, "PYTHONPATH": str(ROOT),
+               "COLUMNS": "200"}
+        with open(self.log_out, "w") as o, open(self.log_err, "w") as e:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fusebench", "run", TINY, "-m", "eager,test_hang_call",
+                 "-b", "2", "--warmup", "1", "--steps", "2", "--no-check", "--timeout", "600",
+                 "--out", str(self.out)], cwd=tmp, env=env, stdout=o, stderr=e)
+        self.workers: dict[int, psutil.Process] = {}
+
+    def poll(self) -> bool:
+        """True once the first cell is saved and the hanging 2nd cell's worker is running."""
+        assert self.proc.poll() is None, self.log_err.read_text()[-3000:]
+        try:
+            for c in psutil.Process(self.proc.pid).children(recursive=True):
+                if "fusebench.worker" in " ".join(c.cmdline()):
+                    self.workers[c.pid] = c
+        except psutil.Error:
+            pass
+        return self.saved() == 1 and bool(self.alive_workers())   # 1st saved, 2nd running
+
+    def saved(self) -> int:
+        docs = list(self.out.glob("*.json")) if self.out.is_dir() else []
+        return len(load(docs[0])["records"]) if docs else 0
+
+    def doc(self) -> dict:
+        (path,) = self.out.glob("*.json")
+        return load(path)
+
+    def alive_workers(self) -> list[int]:
+        return [pid for pid, p in self.workers.items()
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    def cleanup(self) -> None:
+        for p in [self.proc.pid, *self.workers]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _wait_all(runs: list[CliRun], timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    ready = set()
+    while len(ready) < len(runs):
+        assert time.monotonic() < deadline, [r.log_err.read_text()[-2000:] for r in runs]
+        ready |= {i for i, r in enumerate(runs) if i not in ready and r.poll()}
+        time.sleep(0.3)
+
+
+def test_ctrl_c_and_sigkill_keep_finished_cells_and_leave_no_orphans(tmp_path):
+    """Two real runs side by side (import torch costs seconds): one gets Ctrl-C (SIGINT), the
+    other SIGKILL, both while their 2nd cell hangs."""
+    intr, killed = CliRun(tmp_path, "intr"), CliRun(tmp_path, "killed")
+    try:
+        _wait_all([intr, killed])
+        os.kill(intr.proc.pid, signal.SIGINT)
+        os.kill(killed.proc.pid, signal.SIGKILL)
+        assert intr.proc.wait(60) == 130
+        assert killed.proc.wait(60) == -signal.SIGKILL
+
+        # Ctrl-C: the finished cell is in a valid document, the table so far is printed
+        doc = intr.doc()
+        assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
+        out = intr.log_out.read_text()
+        assert "fusebench run" in out and "eager" in out
+        assert "interrupted: 1 of 2 cells finished and saved" in out
+        assert "Traceback" not in intr.log_err.read_text()
+        # ... and the running worker was terminated with its process group: no orphan
+        assert intr.workers and intr.alive_workers() == []
+        assert not any("fusebench.worker" in " ".join(p.cmdline())
+                       for p in psutil.process_iter() if p.pid in intr.workers
+                       and p.status() != psutil.STATUS_ZOMBIE)
+
+        # SIGKILL: nothing can run in the coordinator, yet the finished cell is on disk
+        doc = killed.doc()
+        assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
+        # the orphaned worker notices its parent is gone and takes its group down
+        deadline = time.monotonic() + 20
+        while killed.alive_workers() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert killed.alive_workers() == []
+    finally:
+        intr.cleanup()
+        killed.cleanup()
+    FAULTS_INJECTED.update({"Ctrl-C (SIGINT) mid-run", "SIGKILL of the coordinator",
+                            "hang in a step call"})
+
+
+# ------------------------------------------------------------------------ crashes in compile
+def test_crash_only_in_compile_costs_one_cell_each(tmp_path, monkeypatch):
+    """A real SIGSEGV and a SIGABRT while the model is being compiled (only when the options
+    say so), an illegal-memory-access error (never retried): every cell is recorded, saved, and
+    the failing ones get repro scripts through the real session path."""
+    from fusebench.session import execute
+    with_all_fault_modes(monkeypatch)
+    inductor, eager_backend = (("compile_backend", "inductor"),), (("compile_backend", "eager"),)
+    specs = [tiny_spec(mode="test_segv_compile", mode_options=inductor),
+             tiny_spec(mode="test_segv_compile", mode_options=eager_backend),
+             tiny_spec(mode="test_abort_compile"),
+             tiny_spec(mode="test_illegal_access", batch_size=6)]
+    rc = execute(specs, stem="faults", out=tmp_path, save=True, json_out=False)
+    assert rc == 1
+    (path,) = tmp_path.glob("faults-*.json")
+    recs = [Record.from_dict(r) for r in load(path)["records"]]
+    assert len(recs) == 4                                       # nothing lost
+    segv, fine, abort, illegal = recs
+    assert segv.status == "crashed" and segv.extra["signal"] == "SIGSEGV"
+    assert segv.extra["exit_code"] == -signal.SIGSEGV and "stderr_tail" in segv.extra
+    assert fine.status == "ok"                                  # same mode, other options
+    assert abort.status == "crashed" and abort.extra["signal"] == "SIGABRT"
+    # the device is gone after an illegal access: an error, never an OOM retry
+    assert illegal.status == "error" and illegal.batch_size == 6
+    assert "illegal memory access" in illegal.error.message
+    assert "oom_failed_batch_sizes" not in illegal.extra
+    # repro scripts for the failures, and the records point at them
+    for r in (segv, abort, illegal):
+        assert Path(r.extra["repro"]).is_file(), r.extra
+        assert Path(r.extra["repro"]).parent == tmp_path
+    assert "repro" not in fine.extra
+    assert len({r.extra["repro"] for r in (segv, abort, illegal)}) == 3
+    FAULTS_INJECTED.update({"SIGSEGV in compile", "SIGABRT in compile",
+                            "illegal memory access (no retry)"})
+
+
+# ------------------------------------------------------------------------ repro scripts
+def _failing_records():
+    mism = tiny_spec(mode="test_wrong_output", warmup=1, steps=2, batch_size=2)
+    err = tiny_spec(mode="test_raise_step")
+    segv = tiny_spec(mode="test_segv_compile", mode_options=(("compile_backend", "inductor"),))
+    return [
+        Record.for_spec(tiny_spec(), "ok", extra={"cell": tiny_spec().to_dict()}),
+        Record.for_spec(mism, "mismatch", extra={"cell": mism.to_dict()},
+                        correctness=Correctness(False, 0.01, 0.01, ("first",), "planted")),
+        Record.for_spec(dataclasses.replace(mism, batch_size=3), "mismatch",
+                        extra={"cell": {**mism.to_dict(), "batch_size": 3}}),
+        Record.for_spec(err, "error", error=ErrorInfo("RuntimeError", "planted"),
+                        extra={"cell": err.to_dict()}),
+        Record.for_spec(segv, "crashed", error=ErrorInfo("Crashed", "signal SIGSEGV"),
+                        extra={"cell": segv.to_dict(), "signal": "SIGSEGV", "exit_code": -11}),
+    ]
+
+
+def test_repro_scripts_are_written_named_and_pointed_at(tmp_path, monkeypatch):
+    from fusebench.repro import write_repros
+    monkeypatch.setenv("FUSEBENCH_PLUGINS", PLUGINS)
+    path = tmp_path / "run.json"
+    writer = ResultsWriter(path, {})
+    for r in _failing_records():
+        writer.append(r)
+    written = write_repros(writer, path)
+    names = sorted(p.name for p in written)
+    assert names == ["repro_tiny_models_tiny_cnn_test_raise_step.py",
+                     "repro_tiny_models_tiny_cnn_test_segv_compile.py",
+                     "repro_tiny_models_tiny_cnn_test_wrong_output_train_b2.py",
+                     "repro_tiny_models_tiny_cnn_test_wrong_output_train_b3.py"]
+    doc = load(path)                                # re-saved atomically, still valid
+    assert [bool(r.get("repro")) for r in doc["records"]] == [False, True, True, True, True]
+    assert not list(tmp_path.glob(".*.tmp"))
+    # a second results document in the same folder does not overwrite these scripts
+    other = ResultsWriter(tmp_path / "other.json", {})
+    other.append(_failing_records()[3])
+    (p2,) = write_repros(other, tmp_path / "other.json")
+    assert p2.name == "repro_tiny_models_tiny_cnn_test_raise_step-2.py"
+    # the script is plain Python embedding the spec as JSON
+    text = (tmp_path / names[0]).read_text()
+    compile(text, names[0], "exec")
+    assert '"mode": "test_raise_step"' in text and str(ASSETS / "more_faults.py") in text
+
+
+def test_repro_scripts_reproduce_planted_failures_with_plain_python(tmp_path, monkeypatch):
+    """Mismatch, error and segfault: each script, run with plain `python` from another folder
+    and without FUSEBENCH_PLUGINS set, fails the same way."""
+    from fusebench.repro import write_repros
+    monkeypatch.setenv("FUSEBENCH_PLUGINS", PLUGINS)
+    writer = ResultsWriter(tmp_path / "run.json", {})
+    recs = _failing_records()
+    for r in (recs[1], recs[3], recs[4]):
+        writer.append(r)
+    mism, err, segv = write_repros(writer, tmp_path / "run.json")
+    env = {k: v for k, v in os.environ.items() if k != "FUSEBENCH_PLUGINS"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    procs = {p: subprocess.Popen([sys.executable, str(p)], cwd=elsewhere, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for p in (mism, err, segv)}
+    res = {p: (q.communicate(timeout=240), q.returncode) for p, q in procs.items()}
+    (out, errtxt), rc = res[mism]
+    assert rc == 1, errtxt[-2000:]
+    assert "REPRODUCED: status mismatch" in out and "output rel err" in out
+    (out, errtxt), rc = res[err]
+    assert rc == 1 and "REPRODUCED: status error" in out
+    assert "planted: lowering failed" in out + errtxt and "Traceback" in errtxt
+    (out, errtxt), rc = res[segv]
+    assert rc == -signal.SIGSEGV, (rc, errtxt[-2000:])
+    assert "Segmentation fault" in errtxt and "more_faults.py" in errtxt   # faulthandler
+    FAULTS_INJECTED.update({"wrong output (mismatch)", "exception in a step"})
+
+
+def test_fault_kinds_injected(capsys):
+    with capsys.disabled():
+        print(f"\n[reliability] fault kinds injected here: {len(FAULTS_INJECTED)}: "
+              f"{sorted(FAULTS_INJECTED)}")
