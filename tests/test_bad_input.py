@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fusebench.cli import app, main
-from tests.helpers import ASSETS, TINY
+from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIED: set[tuple[str, ...]] = set()    # distinct bad inputs tried (tmp paths normalised)

@@ -61,11 +61,12 @@ def test_crash_mid_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch, f
 
 
 def test_sigkill_during_writes_never_leaves_a_corrupt_file(tmp_path):
-    """A real process rewriting a 1-3 MB document in a loop is SIGKILLed at odd moments: the file
+    """A real process rewriting a few-hundred-KB document in a loop is SIGKILLed at odd moments: the file
     always loads (old or new version)."""
     path = tmp_path / "r.json"
     save(_doc(1), path)
-    code = ("import sys; from fusebench.results import save; from tests.test_reliability import _doc\n"
+    code = ("import sys\nfrom fusebench.results import save\n"
+            "from tests.test_reliability import _doc\n"
             "i = 0\n"
             "while True:\n"
             "    save(_doc(300 + 200 * (i % 3)), sys.argv[1]); i += 1\n")

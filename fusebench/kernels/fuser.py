@@ -138,15 +138,15 @@ SE_GATE = FusedKernel("se_gate", _se_fwd, _se_bwd)
 
 
 # training-mode BatchNorm + SiLU: saves the BN input and the (C,) statistics; the BN output
-# that SiLU's backward needs is recomputed. Running statistics are updated as eager does.
-def _bn_silu_fwd(eps):
+# that SiLU's backward needs is recomputed. aten's batch norm updates the running statistics
+# exactly as eager does (the module bumps num_batches_tracked).
+def bn_silu_kernel(running_mean, running_var, momentum: float, eps: float) -> FusedKernel:
     def fwd(c, groups):
         (w, b), = groups
-        var, mean = torch.var_mean(c, (0, 2, 3), correction=0)
-        invstd = torch.rsqrt(var + eps)
-        y = (c - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
+        y, mean, invstd = torch.ops.aten.native_batch_norm(
+            c, w, b, running_mean, running_var, True, momentum, eps)
         return F.silu(y), (c, mean, invstd)
-    return fwd
+    return FusedKernel("bn_silu", fwd, _bn_silu_bwd)
 
 
 def _bn_silu_bwd(dy, saved, groups):
@@ -156,15 +156,6 @@ def _bn_silu_bwd(dy, saved, groups):
     dx, dw, db = torch.ops.aten.native_batch_norm_backward(
         dbn, c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
     return dx, ((dw, db),)
-
-
-BN_SILU: dict[float, FusedKernel] = {}
-
-
-def bn_silu_kernel(eps: float) -> FusedKernel:
-    if eps not in BN_SILU:
-        BN_SILU[eps] = FusedKernel(f"bn_silu[{eps:g}]", _bn_silu_fwd(eps), _bn_silu_bwd)
-    return BN_SILU[eps]
 
 
 class _MemoryEfficientSiLU(torch.autograd.Function):
@@ -245,19 +236,10 @@ class FusedConvBNSiLU(FusedModule):
         bn = self.bn
         if not (bn.training and bn.track_running_stats and bn.affine):
             return F.silu(bn(c))
-        y = fused_ops(bn_silu_kernel(bn.eps), c, ((bn.weight, bn.bias),))
-        _update_running_stats(bn, c)
-        return y
-
-
-@torch.no_grad()
-def _update_running_stats(bn: nn.BatchNorm2d, c: torch.Tensor) -> None:
-    """What eager BatchNorm does to its buffers in training (unbiased running variance)."""
-    bn.num_batches_tracked.add_(1)
-    m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-    var, mean = torch.var_mean(c, (0, 2, 3), correction=1)
-    bn.running_mean.mul_(1 - m).add_(mean.to(bn.running_mean.dtype), alpha=m)
-    bn.running_var.mul_(1 - m).add_(var.to(bn.running_var.dtype), alpha=m)
+        bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
+        m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+        kernel = bn_silu_kernel(bn.running_mean, bn.running_var, m, bn.eps)
+        return fused_ops(kernel, c, ((bn.weight, bn.bias),))
 
 
 class MemoryEfficientSiLU(FusedModule):
@@ -313,6 +295,7 @@ class FuseContext:
 
 
 FUSIONS: Registry[Fusion] = Registry("fusion")
+ORDER: list[str] = []      # registration order = application order (Registry lists sorted)
 
 
 def register_fusion(name: str, matches, benches=("train", "infer"), description: str = ""):
@@ -322,6 +305,7 @@ def register_fusion(name: str, matches, benches=("train", "infer"), description:
         types = matches if isinstance(matches, tuple) else (matches,)
         FUSIONS.add(name, Fusion(name, types, fn, tuple(benches),
                                  description or (fn.__doc__ or "").strip().split("\n")[0]))
+        ORDER.append(name)
         return fn
     return deco
 
@@ -420,34 +404,32 @@ def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
         model = copy.deepcopy(model)
     ctx = FuseContext(bench, str(device))
     sites: Counter = Counter()
-    for fusion in FUSIONS.values():
-        if bench not in fusion.benches or (only is not None and fusion.name not in only):
+    for fusion in FUSIONS.resolve(ORDER if only is None else [n for n in ORDER if n in only]):
+        if bench not in fusion.benches:
             continue
-        for path, parent, name, child in _candidates(model, fusion.matches):
-            new = fusion.rewrite(child, ctx)
-            if new is not None:
-                new.train(child.training)
-                setattr(parent, name, new)
-                sites[fusion.name] += 1
-    return FuseResult(model, sites, unfused_leaves(model), ctx.notes)
+        root = (fusion.rewrite(model, ctx) if bench == "infer" and type(model) in fusion.matches
+                else None)      # the root is replaced only on the inference copy
+        if root is not None:
+            model, sites[fusion.name] = root.train(model.training), sites[fusion.name] + 1
+        sites[fusion.name] += _apply(model, fusion, ctx)
+    return FuseResult(model, +sites, unfused_leaves(model), ctx.notes)
 
 
-def _candidates(model: nn.Module, types: tuple[type, ...]):
-    """(path, parent, attr, module) for children of `types`, outside fused modules; listed
-    up front so replacing one does not disturb the walk."""
-    found = []
-
-    def walk(mod: nn.Module, prefix: str):
-        for name, child in mod.named_children():
-            if isinstance(child, FusedModule):
-                continue
-            path = f"{prefix}{name}"
-            if type(child) in types:
-                found.append((path, mod, name, child))
-            else:
-                walk(child, path + ".")
-    walk(model, "")
-    return found
+def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
+    """Rewrite matching children of `mod` (recursively, outside fused modules); returns how
+    many were replaced. Exact type match: a subclass may change forward."""
+    n = 0
+    for name, child in list(mod.named_children()):
+        if isinstance(child, FusedModule):
+            continue
+        new = fusion.rewrite(child, ctx) if type(child) in fusion.matches else None
+        if new is not None:
+            new.train(child.training)
+            setattr(mod, name, new)
+            n += 1
+        else:
+            n += _apply(child, fusion, ctx)
+    return n
 
 
 def unfused_leaves(model: nn.Module) -> Counter:
@@ -466,4 +448,4 @@ def unfused_leaves(model: nn.Module) -> Counter:
 
 
 def list_fusions() -> list[str]:
-    return FUSIONS.names()
+    return list(ORDER)

@@ -110,9 +110,9 @@ def _bias_gelu_params(shape, g):
     return {"bias": 0.5 * torch.randn(shape[1], generator=g)}
 
 
-def _bias_gelu_reference(x, b):
+def _bias_gelu_reference(x, b, approximate: str = "none"):
     from fusebench.kernels.act.bias_gelu import bias_gelu_reference
-    return bias_gelu_reference(x, b)
+    return bias_gelu_reference(x, b, approximate)
 
 
 _ACT_BUILD = (("cpu", _lazy_build("fusebench.kernels.act.cpu")),)

@@ -49,16 +49,16 @@ inline double tanh_(double v) { return std::tanh(v); }
 template <typename A> inline A sigmoid(A v) { return A(1) / (A(1) + exp_(-v)); }
 
 // GELU and its derivative; exact (erf) or tanh approximation.
-template <typename A> inline A gelu(A v, bool tanh_approx) {
-  if (tanh_approx) {
+template <bool kTanh, typename A> inline A gelu(A v) {
+  if constexpr (kTanh) {
     const A k = A(0.7978845608028654);  // sqrt(2 / pi)
     return A(0.5) * v * (A(1) + tanh_(k * (v + A(0.044715) * v * v * v)));
   }
   return A(0.5) * v * (A(1) + erf_(v * A(0.7071067811865476)));
 }
 
-template <typename A> inline A gelu_grad(A v, bool tanh_approx) {
-  if (tanh_approx) {
+template <bool kTanh, typename A> inline A gelu_grad(A v) {
+  if constexpr (kTanh) {
     const A k = A(0.7978845608028654);
     const A t = tanh_(k * (v + A(0.044715) * v * v * v));
     return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k * (A(1) + A(0.134145) * v * v);
@@ -108,9 +108,8 @@ void silu_bwd_k(const T* dy, const T* x, T* dx, int64_t n) {
 }
 
 // One (n, c) plane of H*W values (NCHW) or one row of C values (channels-last): the inner loops.
-template <typename T, typename A>
-void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t HW, Layout l,
-                     bool th) {
+template <typename T, typename A, bool kTanh>
+void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t HW, Layout l) {
   if (l == Layout::kNCHW) {
     at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
@@ -118,7 +117,7 @@ void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t
         const T* xc = x + t * HW;
         T* yc = y + t * HW;
 #pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) yc[i] = static_cast<T>(gelu(static_cast<A>(xc[i]) + bc, th));
+        for (int64_t i = 0; i < HW; ++i) yc[i] = static_cast<T>(gelu<kTanh>(static_cast<A>(xc[i]) + bc));
       }
     });
   } else {
@@ -127,16 +126,16 @@ void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t
         const T* xr = x + r * C;
         T* yr = y + r * C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(gelu(static_cast<A>(xr[c]) + b[c], th));
+        for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(gelu<kTanh>(static_cast<A>(xr[c]) + b[c]));
       }
     });
   }
 }
 
 // dx = dy * gelu'(x + b); `part` gets dbias partials: (N, C) for NCHW, (blocks, C) otherwise.
-template <typename T, typename A>
+template <typename T, typename A, bool kTanh>
 void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_t N, int64_t C,
-                     int64_t HW, Layout l, bool th) {
+                     int64_t HW, Layout l) {
   if (l == Layout::kNCHW) {
     at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
@@ -145,7 +144,7 @@ void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_
         A s = 0;
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < HW; ++i) {
-          const A d = static_cast<A>(dy[o + i]) * gelu_grad(static_cast<A>(x[o + i]) + bc, th);
+          const A d = static_cast<A>(dy[o + i]) * gelu_grad<kTanh>(static_cast<A>(x[o + i]) + bc);
           dx[o + i] = static_cast<T>(d);
           s += d;  // dbias = sum over N, H, W of dx
         }
@@ -162,7 +161,7 @@ void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_
           const int64_t o = r * C;
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) {
-            const A d = static_cast<A>(dy[o + c]) * gelu_grad(static_cast<A>(x[o + c]) + b[c], th);
+            const A d = static_cast<A>(dy[o + c]) * gelu_grad<kTanh>(static_cast<A>(x[o + c]) + b[c]);
             dx[o + c] = static_cast<T>(d);
             acc[c] += d;
           }
@@ -270,8 +269,8 @@ at::Tensor bias_gelu_forward(const at::Tensor& x_, const at::Tensor& bias, bool 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_forward", [&] {
     using A = Acc<scalar_t>;
     at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
-    bias_gelu_fwd_k<scalar_t, A>(x.data_ptr<scalar_t>(), b.data_ptr<A>(), y.data_ptr<scalar_t>(),
-                                 N, C, HW, l, tanh_approx);
+    auto run = tanh_approx ? bias_gelu_fwd_k<scalar_t, A, true> : bias_gelu_fwd_k<scalar_t, A, false>;
+    run(x.data_ptr<scalar_t>(), b.data_ptr<A>(), y.data_ptr<scalar_t>(), N, C, HW, l);
   });
   return y;
 }
@@ -289,9 +288,9 @@ std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tens
     at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
     const int64_t rows = l == Layout::kNCHW ? N : (N * HW + kRowBlock - 1) / kRowBlock;
     at::Tensor part = at::empty({rows, C}, x.options().dtype(acc_type<scalar_t>()));
-    bias_gelu_bwd_k<scalar_t, A>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), b.data_ptr<A>(),
-                                 dx.data_ptr<scalar_t>(), part.data_ptr<A>(), N, C, HW, l,
-                                 tanh_approx);
+    auto run = tanh_approx ? bias_gelu_bwd_k<scalar_t, A, true> : bias_gelu_bwd_k<scalar_t, A, false>;
+    run(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), b.data_ptr<A>(), dx.data_ptr<scalar_t>(),
+        part.data_ptr<A>(), N, C, HW, l);
     db = part.sum(0);
   });
   return {dx, db.to(bias.scalar_type())};

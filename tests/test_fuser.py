@@ -1,0 +1,152 @@
+"""The op fuser on every zoo family at tiny sizes: same outputs and gradients as eager, the same
+Parameters under the same names, the fused kernels really in the autograd graph, coverage events,
+and a kernel fallback that is an event, never silent."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fusebench.kernels import fuser
+from fusebench.kernels.fuser import FusedModule, fuse
+from fusebench.measure import correctness as corr
+from fusebench.measure.events import EventLog
+from fusebench.measure.memory import SavedTensorBytes
+from fusebench.models import create_model, get_model_info, list_models
+from fusebench.modes import get_mode
+
+
+def smallest_per_family() -> list[str]:
+    by_family: dict[str, str] = {}
+    for name in list_models():               # sorted; keep the first name of each family
+        by_family.setdefault(get_model_info(name).family, name)
+    return sorted(by_family.values())
+
+
+SMALL = {"convnext": "convnext_atto", "efficientnet": "efficientnet_b0"}
+FAMILY_MODELS = sorted({SMALL.get(get_model_info(m).family, m) for m in smallest_per_family()})
+EXPECTED = {"convnext_atto": {"ln2d", "mlp_bias_gelu"},
+            "efficientnet_b0": {"bn_silu", "se_gate"}}
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return create_model(name, num_classes=10).double()
+
+
+def graph_nodes(y: torch.Tensor) -> set[str]:
+    seen, names, stack = set(), set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_train_fusion_matches_eager_and_really_runs(name):
+    model = build(name).train()
+    ref = copy.deepcopy(model)
+    params = dict(model.named_parameters())
+    result = fuse(model, "train")
+    assert set(result.sites) >= EXPECTED.get(name, set()), result.sites
+    # the same Parameters under the same names: optimizers and wrappers see them
+    assert all(params[n] is p for n, p in model.named_parameters())
+    assert params.keys() == dict(model.named_parameters()).keys()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):      # second step: BN running stats updated identically
+        model.zero_grad()
+        ref.zero_grad()
+        y, r = model(x), ref(x)
+        torch.testing.assert_close(y, r, atol=1e-10, rtol=1e-9)
+        nodes = graph_nodes(y)
+        assert "FusedOpsBackward" in nodes, sorted(nodes)
+        if "ln2d" in result.sites:
+            assert nodes & {"LN2dCpuFunctionBackward", "LN2dFunctionBackward",
+                            "LN2dTritonFunctionBackward"}, sorted(nodes)
+        y.square().mean().backward()
+        r.square().mean().backward()
+        got = {n: p.grad for n, p in model.named_parameters()}
+        exp = {n: p.grad for n, p in ref.named_parameters()}
+        assert corr.max_err(got, exp, list(exp)) < 1e-9
+    for (n, b), c in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c, msg=n)
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_infer_fusion_folds_on_a_copy(name):
+    model = build(name).eval()
+    state = copy.deepcopy(model.state_dict())
+    result = fuse(model, "infer")
+    assert result.model is not model
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # untouched
+    assert not any(isinstance(m, FusedModule) for m in model.modules())
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), model(x), atol=1e-10, rtol=1e-9)
+    if get_model_info(name).family == "efficientnet":
+        assert result.sites["conv_bn_fold"] > 0
+
+
+def test_fused_activations_are_smaller():
+    """Fused ops keep fewer activation bytes than eager (EfficientNet: BN output not kept;
+    ConvNeXt: GELU output not kept)."""
+    for name in ("efficientnet_b0", "convnext_atto"):
+        model = create_model(name, num_classes=10).train()
+        x = torch.randn(2, 3, 64, 64)
+        sizes = []
+        for m in (model, fuse(copy.deepcopy(model), "train").model):
+            counter = SavedTensorBytes(exclude=list(m.parameters()))
+            with counter.track():
+                m(x)
+            sizes.append(counter.bytes)
+        assert sizes[1] < 0.85 * sizes[0], (name, sizes)
+
+
+def test_mode_records_coverage_events():
+    mode = get_mode("fused")
+    model = build("convnext_atto").float()
+    events = EventLog()
+    mode.prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
+    by_kind: dict[str, list] = {}
+    for e in events.events():
+        by_kind.setdefault(e.kind, []).append(e)
+    fusion = {e.message for e in by_kind["fusion"]}
+    assert "ln2d: 17 sites" in fusion and "mlp_bias_gelu: 12 sites" in fusion
+    assert all(e.source == "fuser" for e in by_kind["fusion"])
+    unfused, = by_kind["unfused"]
+    assert "Conv2d x16" in unfused.message and unfused.count >= 16
+
+
+def test_mode_on_a_model_without_patterns_says_zero_sites():
+    events = EventLog()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    get_mode("fused").prepare(model, (torch.randn(1, 3, 8, 8),), {"bench": "train"}, events)
+    assert any(e.kind == "fusion" and e.message.startswith("0 sites") for e in events.events())
+
+
+def test_ln2d_kernel_fallback_is_an_event(monkeypatch):
+    from fusebench.kernels.ln2d import fused as ln_fused
+    monkeypatch.setattr(ln_fused, "resolve", lambda device, build=True: (None, "cpu: no g++"))
+    events = EventLog()
+    model = build("convnext_atto").float()
+    get_mode("fused").prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
+    fb = [e for e in events.events() if e.kind == "kernel_fallback"]
+    assert fb and "ran 'function'" in fb[0].message and "no g++" in fb[0].message
+    assert all(m.impl == "function" for m in model.modules()
+               if isinstance(m, fuser.FusedLayerNorm2d))
+
+
+def test_sequential_conv_bn_is_folded_for_user_models():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    model[1].running_mean.uniform_()
+    result = fuse(model, "infer")
+    assert result.sites == {"conv_bn_fold_seq": 1}
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(result.model(x), model(x), atol=1e-5, rtol=1e-5)
