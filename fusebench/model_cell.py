@@ -139,7 +139,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         phase("build")
         source = resolve_model(spec.model)
         torch.manual_seed(spec.seed)
-        model = source.build(**coerce_kwargs(source, dict(spec.model_kwargs)))
+        model = source.build(**coerce_kwargs(source.factory, dict(spec.model_kwargs)))
         c, h, w = source.input_size(spec.bench, spec.img_size, model=model)
         spec = dataclasses.replace(spec, img_size=h)   # the size actually run
         base["params"] = count_params(model)

@@ -36,16 +36,20 @@ def build(name: str) -> nn.Module:
     return create_model(name, num_classes=10).double()
 
 
-def graph_nodes(y: torch.Tensor) -> set[str]:
-    seen, names, stack = set(), set(), [y.grad_fn]
+def graph(y: torch.Tensor):
+    """Every autograd node behind y, once."""
+    seen, stack = set(), [y.grad_fn]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        names.add(type(node).__name__)
+        yield node
         stack.extend(n for n, _ in node.next_functions)
-    return names
+
+
+def graph_nodes(y: torch.Tensor) -> set[str]:
+    return {type(node).__name__ for node in graph(y)}
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)
@@ -91,6 +95,55 @@ def test_infer_fusion_folds_on_a_copy(name):
         torch.testing.assert_close(result.model(x), model(x), atol=1e-10, rtol=1e-9)
     if get_model_info(name).family == "efficientnet":
         assert result.sites["conv_bn_fold"] > 0
+
+
+def fused_kernel_names(y: torch.Tensor) -> list[str]:
+    """The FusedKernel each FusedOps node ran (the grad_fn of a custom Function is its ctx)."""
+    return [n.kernel.name for n in graph(y) if type(n).__name__ == "FusedOpsBackward"]
+
+
+def test_bound_act_kernels_really_run(monkeypatch):
+    """The act kernels bound at fuse time are the ones called, in forward and in backward:
+    count calls of kernels.act's pure functions (function impl) and of the C++ se_gate."""
+    import importlib
+    calls: dict[str, int] = {}
+
+    def spy(obj, name):
+        fn = getattr(obj, name)
+
+        def wrapped(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*a, **k)
+        monkeypatch.setattr(obj, name, wrapped)
+
+    for mod, names in (("silu", ("silu_fwd", "silu_bwd")),
+                       ("bias_gelu", ("bias_gelu_fwd", "bias_gelu_bwd"))):
+        for n in names:
+            spy(importlib.import_module(f"fusebench.kernels.act.{mod}"), n)
+    from fusebench.kernels.act import cpu as act_cpu
+    if act_cpu.build()[0]:
+        for n in ("se_gate_forward", "se_gate_backward"):
+            spy(act_cpu.extension(), n)
+    x = torch.randn(2, 3, 32, 32)
+    for name, expect in (("efficientnet_b0", {"bn_silu[function]", "se_gate[cpu]"}),
+                         ("convnext_atto", {"bias_gelu_fc2[function,none]"})):
+        calls.clear()
+        model = create_model(name, num_classes=10).train()
+        res = fuse(model, "train")
+        if not act_cpu.build()[0]:
+            expect = {e.replace("[cpu]", "[function]") for e in expect}
+        y = model(x)
+        assert set(fused_kernel_names(y)) == expect, fused_kernel_names(y)
+        y.sum().backward()
+        if name == "efficientnet_b0":
+            n_act = res.sites["bn_silu"]                     # one silu fwd + bwd per site
+            assert calls["silu_fwd"] >= n_act and calls["silu_bwd"] >= n_act, calls
+            if act_cpu.build()[0]:
+                assert calls["se_gate_forward"] == calls["se_gate_backward"] \
+                    == res.sites["se_gate"], calls
+        else:
+            n = res.sites["mlp_bias_gelu"]                   # fwd + recompute in backward
+            assert calls["bias_gelu_fwd"] == 2 * n and calls["bias_gelu_bwd"] == n, calls
 
 
 def test_fused_activations_are_smaller():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fusebench.commands import guarded
+from fusebench.errors import UsageError
 
 
 def _gib(b: Any) -> str:
@@ -106,6 +108,8 @@ def env(
     """Show what this machine and torch build can do: the metadata every results file embeds."""
     from fusebench.env import collect_env
 
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got '{device}'")
     data = collect_env(availability=True, device=device)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")

@@ -47,10 +47,16 @@ class KernelRequest:
     timeout: float = 900.0
 
 
+MAX_ELEMENTS = 1 << 31   # per tensor; beyond this a shape is a typo, not a benchmark
+
+
 def parse_shape(text: str) -> list[int]:
     dims = parse_int_list(text, "shape")
     if len(dims) != 4:
         raise UsageError(f"--shape '{text}': expected 4 comma-separated sizes N,C,H,W")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise UsageError(f"--shape '{text}': {math.prod(dims):,} elements is more than the "
+                         f"{MAX_ELEMENTS:,} a kernel cell allows")
     return dims
 
 
@@ -144,6 +150,8 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
         raise unknown_name("dtype", [req.dtype], DTYPES)
     if req.warmup < 0 or req.steps < 1:
         raise UsageError("--warmup must be >= 0 and --steps >= 1")
+    if not (math.isfinite(req.timeout) and req.timeout > 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {req.timeout}")
     impls = resolve_impls(req.family, req.impls)
     modes = resolve_modes(req.modes)
     shapes = apply_sweep([parse_shape(s) for s in (req.shapes or (problem.default_shape,))],

@@ -15,6 +15,7 @@ param grads, but got 2".
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusebench.kernels.act import SiLUMemEff
 from fusebench.models.layers import ConvBNAct, ConvMlp, LayerNorm2d, SqueezeExcite
 from fusebench.registry import Registry
 
@@ -86,91 +88,135 @@ def _conv_bwd(dy, x, w, bias: bool, padding=(0, 0), groups=1):
     return dx, dw, db
 
 
-# bias + GELU + fc2 (ConvNeXt MLP tail): saves only the pre-bias fc1 output h0 (N, 4C, H, W);
-# the GELU output that fc2 needs for its weight gradient is recomputed in backward.
-def _bias_gelu_fc2_fwd(approximate):
+# --- the kernels the fused ops call, bound once per fuse() --------------------------------------
+# The maths lives in fusebench.kernels.act / kernels.ln2d; here only which impl runs. A multi-op
+# Function needs an impl's *pure* forward/backward pair (no autograd node of its own), so each
+# act impl is listed with its pair, in one call convention:
+#   silu: fwd(x) -> y, bwd(dy, x) -> dx;   se_gate: fwd(x, g) -> y, bwd(dy, x, g) -> (dx, dg);
+#   bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db).
+
+
+@dataclass(frozen=True)
+class Pure:
+    impl: str
+    fwd: Callable
+    bwd: Callable
+
+
+def _pure_pair(family: str, impl: str) -> Pure:
+    if impl == "function":
+        from fusebench.kernels.act.bias_gelu import bias_gelu_bwd, bias_gelu_fwd
+        from fusebench.kernels.act.se_gate import se_gate_bwd, se_gate_fwd
+        from fusebench.kernels.act.silu import silu_bwd, silu_fwd
+        pairs = {"silu": (silu_fwd, silu_bwd), "se_gate": (se_gate_fwd, se_gate_bwd),
+                 "bias_gelu": (bias_gelu_fwd, bias_gelu_bwd)}
+    elif impl == "cpu":
+        from fusebench.kernels.act import cpu
+        ext, d = cpu.extension(), cpu._dense
+        pairs = {"silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
+                 "se_gate": (lambda x, g: ext.se_gate_forward(d(x), g),
+                             lambda dy, x, g: tuple(ext.se_gate_backward(dy, x, g))),
+                 "bias_gelu": (lambda x, b, a: ext.bias_gelu_forward(d(x), b, a == "tanh"),
+                               lambda dy, x, b, a: tuple(
+                                   ext.bias_gelu_backward(dy, x, b, a == "tanh")))}
+    elif impl == "triton":
+        from fusebench.kernels.act import triton as tr
+        pairs = {"silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
+                 "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
+                 "bias_gelu": (lambda x, b, a: tr.bias_gelu_triton_fwd(x, b, a == "tanh"),
+                               lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b,
+                                                                           a == "tanh"))}
+    else:
+        raise KeyError(f"no pure fwd/bwd pair for {family} impl {impl!r}")
+    return Pure(impl, *pairs[family])
+
+
+# Best impl per device, by measurement (docs/kernels.md, docs/fused.md; 2-vCPU VM, fwd+bwd):
+# on CPU the C++ se_gate pays (one-pass backward, 1.3-2.5x), while the C++ silu / bias_gelu
+# backward runs 3-10x slower than aten's silu_backward / gelu_backward: those stay "function".
+PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton"},
+             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "function"}}
+FALLBACK_IMPL = "function"
+
+
+def bind_act(family: str, device: str, notes: list, impl: str | None = None) -> Pure:
+    """The pure pair of `impl` (default: PREFERRED for the device) if it is usable here, else
+    `function` with a kernel_fallback note. Resolved once per fuse(), never per call."""
+    from fusebench.kernels import get_impl
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or PREFERRED[kind][family]
+    ok, reason = get_impl(family, name).available(str(device))
+    if ok and name == "cpu":
+        from fusebench.kernels.act import cpu
+        ok, reason = cpu.build()                 # a compile error shows up here, not mid-step
+    if ok:
+        notes.append(("info", f"{family}: kernel = '{name}'"))
+        return _pure_pair(family, name)
+    notes.append(("kernel_fallback", f"{family} '{name}' unavailable ({reason}); "
+                                     f"ran '{FALLBACK_IMPL}' instead"))
+    return _pure_pair(family, FALLBACK_IMPL)
+
+
+# bias + GELU + fc2 (ConvNeXt MLP tail), ops bias (fc1.bias) and fc2 (weight, bias): saves only
+# the pre-bias fc1 output h0 (N, 4C, H, W); the GELU output fc2's weight gradient needs is
+# recomputed in backward instead of kept.
+@functools.cache
+def bias_gelu_fc2_kernel(act: Pure, approximate: str) -> FusedKernel:
     def fwd(h0, groups):
         (b1,), (w2, b2) = groups
-        g = F.gelu(h0 + b1[:, None, None], approximate=approximate)   # (N, 4C, H, W)
-        return F.conv2d(g, w2, b2), (h0,)
-    return fwd
+        return F.conv2d(act.fwd(h0, b1, approximate), w2, b2), (h0,)
 
-
-def _bias_gelu_fc2_bwd(approximate):
     def bwd(dy, saved, groups):
         (h0,), ((b1,), (w2, b2)) = saved, groups
-        h = h0 + b1[:, None, None]
-        g = F.gelu(h, approximate=approximate)
+        g = act.fwd(h0, b1, approximate)                    # (N, 4C, H, W), recomputed
         dg, dw2, db2 = _conv_bwd(dy, g, w2, True)
-        dh = torch.ops.aten.gelu_backward(dg, h, approximate=approximate)
-        return dh, ((dh.sum((0, 2, 3)),), (dw2, db2))
-    return bwd
+        dh, db1 = act.bwd(dg, h0, b1, approximate)
+        return dh, ((db1,), (dw2, db2))
+    return FusedKernel(f"bias_gelu_fc2[{act.impl},{approximate}]", fwd, bwd)
 
 
-BIAS_GELU_FC2 = {a: FusedKernel(f"bias_gelu_fc2[{a}]", _bias_gelu_fc2_fwd(a),
-                                _bias_gelu_fc2_bwd(a)) for a in ("none", "tanh")}
+# squeeze-excite: gate(x, expand(silu(reduce(mean_hw(x))))), ops reduce (w, b) and expand (w, b).
+# The x-sized work is the gate's (act se_gate impl); the rest is (N, C, 1, 1)-sized.
+@functools.cache
+def se_gate_kernel(gate: Pure, silu: Pure) -> FusedKernel:
+    def fwd(x, groups):
+        (wr, br), (we, be) = groups
+        s = x.mean((2, 3), keepdim=True)                    # (N, C, 1, 1)
+        r = F.conv2d(s, wr, br)                             # (N, R, 1, 1)
+        e = F.conv2d(silu.fwd(r), we, be)                   # (N, C, 1, 1) gate logits
+        return gate.fwd(x, e), (x, s, r, e)
+
+    def bwd(dy, saved, groups):
+        x, s, r, e = saved
+        (wr, br), (we, be) = groups
+        dx, de = gate.bwd(dy, x, e)
+        da, dwe, dbe = _conv_bwd(de, silu.fwd(r), we, True)
+        ds, dwr, dbr = _conv_bwd(silu.bwd(da, r), s, wr, True)
+        dx = dx + ds / (x.shape[2] * x.shape[3])            # mean's backward spreads ds over H*W
+        return dx, ((dwr, dbr), (dwe, dbe))
+    return FusedKernel(f"se_gate[{gate.impl}]", fwd, bwd)
 
 
-# squeeze-excite gate: x * sigmoid(expand(silu(reduce(mean_hw(x))))), ops reduce (w, b) and
-# expand (w, b). Saves x and the (N, C, 1, 1)-sized intermediates only.
-def _se_fwd(x, groups):
-    (wr, br), (we, be) = groups
-    s = x.mean((2, 3), keepdim=True)                    # (N, C, 1, 1)
-    r = F.conv2d(s, wr, br)                             # (N, R, 1, 1)
-    e = F.conv2d(F.silu(r), we, be)                     # (N, C, 1, 1)
-    return x * torch.sigmoid(e), (x, s, r, e)
-
-
-def _se_bwd(dy, saved, groups):
-    x, s, r, e = saved
-    (wr, br), (we, be) = groups
-    gate = torch.sigmoid(e)
-    dgate = (dy * x).sum((2, 3), keepdim=True)          # (N, C, 1, 1)
-    de = dgate * gate * (1 - gate)
-    da, dwe, dbe = _conv_bwd(de, F.silu(r), we, True)
-    dr = torch.ops.aten.silu_backward(da, r)
-    ds, dwr, dbr = _conv_bwd(dr, s, wr, True)
-    dx = dy * gate + ds / (x.shape[2] * x.shape[3])     # mean's backward spreads ds over H*W
-    return dx, ((dwr, dbr), (dwe, dbe))
-
-
-SE_GATE = FusedKernel("se_gate", _se_fwd, _se_bwd)
-
-
-# training-mode BatchNorm + SiLU: saves the BN input and the (C,) statistics; the BN output
-# that SiLU's backward needs is recomputed. aten's batch norm updates the running statistics
-# exactly as eager does (the module bumps num_batches_tracked).
-def bn_silu_kernel(running_mean, running_var, momentum: float, eps: float) -> FusedKernel:
+# training-mode BatchNorm + SiLU, op BN (weight, bias): saves the BN input and the (C,)
+# statistics; the BN output that SiLU's backward needs is recomputed (one addcmul pass). aten's
+# batch norm updates the running statistics exactly as eager does.
+def bn_silu_kernel(silu: Pure, running_mean, running_var, momentum: float,
+                   eps: float) -> FusedKernel:
     def fwd(c, groups):
         (w, b), = groups
         y, mean, invstd = torch.ops.aten.native_batch_norm(
             c, w, b, running_mean, running_var, True, momentum, eps)
-        return F.silu(y), (c, mean, invstd)
-    return FusedKernel("bn_silu", fwd, _bn_silu_bwd)
+        return silu.fwd(y), (c, mean, invstd)
 
-
-def _bn_silu_bwd(dy, saved, groups):
-    (c, mean, invstd), ((w, b),) = saved, groups
-    y = (c - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
-    dbn = torch.ops.aten.silu_backward(dy, y)
-    dx, dw, db = torch.ops.aten.native_batch_norm_backward(
-        dbn, c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
-    return dx, ((dw, db),)
-
-
-class _MemoryEfficientSiLU(torch.autograd.Function):
-    """silu saving only its input (timm activations_me)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return F.silu(x)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x, = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(dy, x)
+    def bwd(dy, saved, groups):
+        (c, mean, invstd), ((w, b),) = saved, groups
+        scale = invstd * w                                  # (C,): y = c * scale + shift
+        shift = b - mean * scale
+        y = torch.addcmul(shift[:, None, None], c, scale[:, None, None])
+        dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+            silu.bwd(dy, y), c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
+        return dx, ((dw, db),)
+    return FusedKernel(f"bn_silu[{silu.impl}]", fwd, bwd)
 
 
 # --- fused modules (no state of their own) ----------------------------------------------------
@@ -201,10 +247,10 @@ class FusedConvMlp(FusedModule):
     """fc1 (no bias) -> FusedOps[bias+GELU (fc1.bias), fc2 (weight, bias)]."""
     fusion = "mlp_bias_gelu"
 
-    def __init__(self, src: ConvMlp):
+    def __init__(self, src: ConvMlp, act: Pure):
         super().__init__()
         self.fc1, self.fc2 = src.fc1, src.fc2
-        self.kernel = BIAS_GELU_FC2[src.act.approximate]
+        self.kernel = bias_gelu_fc2_kernel(act, src.act.approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
         h0 = F.conv2d(x, self.fc1.weight)                    # (N, 4C, H, W), bias in the fusion
@@ -212,24 +258,26 @@ class FusedConvMlp(FusedModule):
 
 
 class FusedSqueezeExcite(FusedModule):
+    """FusedOps[reduce (weight, bias), SiLU, expand (weight, bias), sigmoid gate]."""
     fusion = "se_gate"
 
-    def __init__(self, src: SqueezeExcite):
+    def __init__(self, src: SqueezeExcite, gate: Pure, silu: Pure):
         super().__init__()
         self.conv_reduce, self.conv_expand = src.conv_reduce, src.conv_expand
+        self.kernel = se_gate_kernel(gate, silu)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops(SE_GATE, x, ((self.conv_reduce.weight, self.conv_reduce.bias),
-                                      (self.conv_expand.weight, self.conv_expand.bias)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
+        return fused_ops(self.kernel, x, ((self.conv_reduce.weight, self.conv_reduce.bias),
+                                          (self.conv_expand.weight, self.conv_expand.bias)))
 
 
 class FusedConvBNSiLU(FusedModule):
     """conv -> FusedOps[BatchNorm (weight, bias) + SiLU] while training; eager BN otherwise."""
     fusion = "bn_silu"
 
-    def __init__(self, src: ConvBNAct):
+    def __init__(self, src: ConvBNAct, silu: Pure):
         super().__init__()
-        self.conv, self.bn = src.conv, src.bn
+        self.conv, self.bn, self._silu = src.conv, src.bn, silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.conv(x)
@@ -238,15 +286,13 @@ class FusedConvBNSiLU(FusedModule):
             return F.silu(bn(c))
         bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
         m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-        kernel = bn_silu_kernel(bn.running_mean, bn.running_var, m, bn.eps)
+        kernel = bn_silu_kernel(self._silu, bn.running_mean, bn.running_var, m, bn.eps)
         return fused_ops(kernel, c, ((bn.weight, bn.bias),))
 
 
-class MemoryEfficientSiLU(FusedModule):
+class MemoryEfficientSiLU(SiLUMemEff, FusedModule):
+    """kernels.act's SiLUMemEff (saves its input only), marked as the fuser's product."""
     fusion = "silu_me"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _MemoryEfficientSiLU.apply(x)
 
 
 class FoldedConvAct(FusedModule):
@@ -292,6 +338,15 @@ class FuseContext:
     device: str
     ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
     notes: list[tuple[str, str]] = field(default_factory=list)   # (event kind, message)
+    impls: dict[str, str] = field(default_factory=dict)          # family -> impl override
+    bound: dict[str, Pure] = field(default_factory=dict)         # family -> pair, once
+
+    def act(self, family: str) -> Pure:
+        """The act family's kernels for this fuse(): resolved on first use, then reused."""
+        if family not in self.bound:
+            self.bound[family] = bind_act(family, self.device, self.notes,
+                                          self.impls.get(family))
+        return self.bound[family]
 
 
 FUSIONS: Registry[Fusion] = Registry("fusion")
@@ -336,20 +391,21 @@ def _se(m: SqueezeExcite, ctx: FuseContext):
     """SqueezeExcite -> one Function: reduce, SiLU, expand, sigmoid gate."""
     if type(m.act) is not nn.SiLU or type(m.gate) is not nn.Sigmoid:
         return None
-    return FusedSqueezeExcite(m)
+    return FusedSqueezeExcite(m, ctx.act("se_gate"), ctx.act("silu"))
 
 
 @register_fusion("bn_silu", ConvBNAct, benches=("train",))
 def _bn_silu(m: ConvBNAct, ctx: FuseContext):
     """ConvBNAct with SiLU -> BN+SiLU in one Function that keeps only the BN input."""
-    return FusedConvBNSiLU(m) if type(m.act) is nn.SiLU and type(m.bn) is nn.BatchNorm2d \
-        else None
+    if type(m.act) is not nn.SiLU or type(m.bn) is not nn.BatchNorm2d:
+        return None
+    return FusedConvBNSiLU(m, ctx.act("silu"))
 
 
 @register_fusion("silu_me", nn.SiLU)
 def _silu(m: nn.SiLU, ctx: FuseContext):
     """nn.SiLU -> memory-efficient SiLU (saves its input only)."""
-    return MemoryEfficientSiLU()
+    return MemoryEfficientSiLU(impl=ctx.act("silu").impl)
 
 
 @register_fusion("mlp_bias_gelu", ConvMlp)
@@ -360,7 +416,7 @@ def _mlp(m: ConvMlp, ctx: FuseContext):
     if m.fc2.kernel_size != (1, 1) or m.fc2.groups != 1 or m.fc1.bias is None \
             or m.fc2.bias is None:
         return None
-    return FusedConvMlp(m)
+    return FusedConvMlp(m, ctx.act("bias_gelu"))
 
 
 @register_fusion("ln2d", LayerNorm2d)
@@ -397,12 +453,13 @@ class FuseResult:
 
 
 def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
-         only: list[str] | None = None) -> FuseResult:
+         only: list[str] | None = None, impls: dict[str, str] | None = None) -> FuseResult:
     """Apply every registered fusion for `bench`. Train: submodules are swapped in place
-    (same Parameters, same names; the root is never replaced). Infer: a fused deep copy."""
+    (same Parameters, same names; the root is never replaced). Infer: a fused deep copy.
+    `impls` overrides PREFERRED per act family, e.g. {"se_gate": "function"}."""
     if bench == "infer":
         model = copy.deepcopy(model)
-    ctx = FuseContext(bench, str(device))
+    ctx = FuseContext(bench, str(device), impls=dict(impls or {}))
     sites: Counter = Counter()
     for fusion in FUSIONS.resolve(ORDER if only is None else [n for n in ORDER if n in only]):
         if bench not in fusion.benches:
