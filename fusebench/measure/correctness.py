@@ -2,8 +2,10 @@
 eager on identical weights and inputs, against a float64 eager reference where it fits.
 
 A mode passes when its error vs float64 is within max(base tolerance, SLACK x the error that
-plain eager in the same dtype makes): reduction order legitimately differs between modes, a
-wrong gradient does not hide inside 10x eager's own rounding error."""
+plain eager in the same dtype makes) — the rule of dynamo's accuracy checker (`same` with an
+fp64 reference): reduction order legitimately differs between modes, a wrong gradient does not
+hide inside a few times eager's own rounding error. Where eager itself is far from float64
+(pure bf16 through many BatchNorms), the check is flagged as weak rather than passed quietly."""
 from __future__ import annotations
 
 import math
@@ -11,12 +13,23 @@ from dataclasses import dataclass
 
 import torch
 
-BASE_TOL = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 3e-2, "float16": 1e-2}
-AMP_TOL = 3e-2
-SLACK = 10.0
+SLACK = 3.0
+WEAK = 0.1   # eager's own error vs float64 above this: the check cannot see small mode errors
 
 
-GRAD_FLOOR = 1e-3  # a gradient's scale is at least this fraction of the largest gradient's
+@dataclass(frozen=True)
+class Tolerance:
+    base: float    # absolute floor of the pass threshold (relative error units)
+    floor: float   # a gradient's scale is at least this fraction of the largest gradient's
+
+
+TOLERANCES = {"float32": Tolerance(1e-4, 1e-3), "float64": Tolerance(1e-9, 1e-3),
+              "bfloat16": Tolerance(3e-2, 1e-2), "float16": Tolerance(1e-2, 1e-2)}
+AMP = Tolerance(3e-2, 1e-2)
+
+
+def tolerance_for(dtype: str, amp: bool) -> Tolerance:
+    return AMP if amp else TOLERANCES[dtype]
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
@@ -33,15 +46,11 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def grad_errs(got: dict, ref: dict, names) -> dict[str, float]:
-    """Per-tensor error, each scaled by max(own magnitude, GRAD_FLOOR x the largest gradient)."""
+def grad_errs(got: dict, ref: dict, names, floor: float) -> dict[str, float]:
+    """Per-tensor error, each scaled by max(own magnitude, floor x the largest gradient)."""
     top = max((ref[n].detach().abs().max().item() for n in names if ref[n].numel()),
               default=0.0)
-    return {n: rel_err(got[n], ref[n], GRAD_FLOOR * top) for n in names}
-
-
-def max_err(got: dict, ref: dict, names) -> float:
-    return max(grad_errs(got, ref, names).values(), default=0.0)
+    return {n: rel_err(got[n], ref[n], floor * top) for n in names}
 
 
 @dataclass(frozen=True)
@@ -59,24 +68,26 @@ class Check:
     err_grad: float | None
     tol: float
     detail: str
+    weak: bool = False   # eager itself was far from float64: small mode errors are invisible
 
 
-def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, base_tol: float,
+def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, tol: Tolerance,
                ref_dtype: str) -> Check:
     """ref64: eager in float64 (or in the run dtype when float64 does not fit);
     eager: eager in the run dtype, whose own error sets the slack."""
     names = sorted(ref64.grads) if ref64.grads is not None else []
     missing = [n for n in names if got.grads is None or got.grads.get(n) is None]
     e_out = rel_err(got.out, ref64.out)
-    errs = grad_errs(got.grads, ref64.grads, names) if names and not missing else {}
+    errs = grad_errs(got.grads, ref64.grads, names, tol.floor) if names and not missing else {}
     e_grad = max(errs.values()) if errs else None
     if ref_dtype == "float64":
         slack_out = rel_err(eager.out, ref64.out)
-        slack_grad = max_err(eager.grads, ref64.grads, names) if names else 0.0
+        slack_grad = max(grad_errs(eager.grads, ref64.grads, names, tol.floor).values(),
+                         default=0.0)
     else:
         slack_out = slack_grad = 0.0
-    tol_out = max(base_tol, SLACK * slack_out)
-    tol_grad = max(base_tol, SLACK * slack_grad)
+    tol_out = max(tol.base, SLACK * slack_out)
+    tol_grad = max(tol.base, SLACK * slack_grad)
     problems = []
     if missing:
         problems.append(f"{len(missing)} parameter(s) got no gradient (first: {missing[0]})")
@@ -86,7 +97,11 @@ def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, b
         worst = max(errs, key=errs.get)
         problems.append(f"grad rel err {e_grad:.3g} > tol {tol_grad:.3g} (worst: {worst})")
     detail = f"{at}: " + ("; ".join(problems) if problems else f"ok vs {ref_dtype} eager")
-    return Check(at, not problems, e_out, e_grad, max(tol_out, tol_grad), detail)
+    weak = max(slack_out, slack_grad) > WEAK
+    if weak:
+        detail += (f" (weak check: eager in this dtype is itself {max(slack_out, slack_grad):.2g}"
+                   f" from float64)")
+    return Check(at, not problems, e_out, e_grad, max(tol_out, tol_grad), detail, weak)
 
 
 def finite_or_none(x: float | None) -> float | None:
