@@ -77,7 +77,7 @@ def test_train_fusion_matches_eager_and_really_runs(name):
         r.square().mean().backward()
         got = {n: p.grad for n, p in model.named_parameters()}
         exp = {n: p.grad for n, p in ref.named_parameters()}
-        assert corr.max_err(got, exp, list(exp)) < 1e-9
+        assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < 1e-9
     for (n, b), c in zip(model.named_buffers(), ref.buffers()):
         torch.testing.assert_close(b, c, msg=n)
 
@@ -122,16 +122,18 @@ def test_bound_act_kernels_really_run(monkeypatch):
             spy(importlib.import_module(f"fusebench.kernels.act.{mod}"), n)
     from fusebench.kernels.act import cpu as act_cpu
     if act_cpu.build()[0]:
-        for n in ("se_gate_forward", "se_gate_backward"):
+        for n in ("se_gate_forward", "se_gate_backward", "bias_gelu_forward",
+                  "bias_gelu_backward"):
             spy(act_cpu.extension(), n)
     x = torch.randn(2, 3, 32, 32)
     for name, expect in (("efficientnet_b0", {"bn_silu[function]", "se_gate[cpu]"}),
-                         ("convnext_atto", {"bias_gelu_fc2[function,none]"})):
+                         ("convnext_atto", {"bias_gelu_fc2[cpu|function,none]"})):
         calls.clear()
         model = create_model(name, num_classes=10).train()
         res = fuse(model, "train")
         if not act_cpu.build()[0]:
-            expect = {e.replace("[cpu]", "[function]") for e in expect}
+            expect = {e.replace("[cpu]", "[function]").replace("cpu|", "function|")
+                      for e in expect}
         y = model(x)
         assert set(fused_kernel_names(y)) == expect, fused_kernel_names(y)
         y.sum().backward()
@@ -141,9 +143,11 @@ def test_bound_act_kernels_really_run(monkeypatch):
             if act_cpu.build()[0]:
                 assert calls["se_gate_forward"] == calls["se_gate_backward"] \
                     == res.sites["se_gate"], calls
-        else:
+        else:        # C++ on the channels-last output of the cpu LN2d, plain torch on NCHW
             n = res.sites["mlp_bias_gelu"]                   # fwd + recompute in backward
-            assert calls["bias_gelu_fwd"] == 2 * n and calls["bias_gelu_bwd"] == n, calls
+            fwd = calls.get("bias_gelu_fwd", 0) + calls.get("bias_gelu_forward", 0)
+            bwd = calls.get("bias_gelu_bwd", 0) + calls.get("bias_gelu_backward", 0)
+            assert fwd == 2 * n and bwd == n, calls
 
 
 def test_fused_activations_are_smaller():

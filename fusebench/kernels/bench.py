@@ -256,7 +256,7 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
         missing = [k for k, v in grads.items() if v is None]
         if missing:
             return False, err_out, math.inf, f"no gradient for {', '.join(missing)}"
-        errs = grad_errs(grads, g_ref, list(g_ref))
+        errs = grad_errs(grads, g_ref, list(g_ref), 1e-3)   # floor: 1e-3 x the largest grad
         err_grad = max(errs.values())
         bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
     detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None

@@ -131,26 +131,46 @@ def _pure_pair(family: str, impl: str) -> Pure:
     return Pure(impl, *pairs[family])
 
 
+def _by_layout(cl: Pure, nchw: Pure) -> Pure:
+    """One pair that runs `cl` on channels-last x and `nchw` otherwise (decided by x's strides,
+    both pairs bound once)."""
+    def pick(x):
+        return cl if x.is_contiguous(memory_format=torch.channels_last) \
+            and not x.is_contiguous() else nchw
+    return Pure(f"{cl.impl}|{nchw.impl}", lambda x, *a: pick(x).fwd(x, *a),
+                lambda dy, x, *a: pick(x).bwd(dy, x, *a))
+
+
 # Best impl per device, by measurement (docs/kernels.md, docs/fused.md; 2-vCPU VM, fwd+bwd):
-# on CPU the C++ se_gate pays (one-pass backward, 1.3-2.5x), while the C++ silu / bias_gelu
-# backward runs 3-10x slower than aten's silu_backward / gelu_backward: those stay "function".
+# on CPU the C++ se_gate pays (one-pass backward, 1.3-2.5x); the C++ silu backward runs ~3x
+# slower than aten's silu_backward: "function". The C++ bias_gelu is one pass per direction and
+# pays on channels-last x (what the ConvNeXt MLP sees after the fused LN2d: 5.5 vs 7.2 ms bwd at
+# 8x160x56x56, ~60 ms per convnext_atto train step), but its NCHW backward is ~13x slower than
+# aten's gelu_backward: "cpu|function" runs cpu on channels-last x, function on NCHW.
 PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton"},
-             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "function"}}
+             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function"}}
 FALLBACK_IMPL = "function"
 
 
 def bind_act(family: str, device: str, notes: list, impl: str | None = None) -> Pure:
-    """The pure pair of `impl` (default: PREFERRED for the device) if it is usable here, else
-    `function` with a kernel_fallback note. Resolved once per fuse(), never per call."""
-    from fusebench.kernels import get_impl
+    """The pure pair of `impl` (default: PREFERRED for the device; "a|b" = a on channels-last
+    x, b otherwise) if usable here, else `function` with a kernel_fallback note. Resolved once
+    per fuse(), never per call."""
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     name = impl or PREFERRED[kind][family]
+    pairs = [_bind_one(family, n, device, notes) for n in name.split("|")]
+    pair = pairs[0] if len(pairs) == 1 else _by_layout(*pairs)
+    notes.append(("info", f"{family}: kernel = '{pair.impl}'"))
+    return pair
+
+
+def _bind_one(family: str, name: str, device: str, notes: list) -> Pure:
+    from fusebench.kernels import get_impl
     ok, reason = get_impl(family, name).available(str(device))
     if ok and name == "cpu":
         from fusebench.kernels.act import cpu
         ok, reason = cpu.build()                 # a compile error shows up here, not mid-step
     if ok:
-        notes.append(("info", f"{family}: kernel = '{name}'"))
         return _pure_pair(family, name)
     notes.append(("kernel_fallback", f"{family} '{name}' unavailable ({reason}); "
                                      f"ran '{FALLBACK_IMPL}' instead"))
@@ -429,16 +449,34 @@ def _ln2d(m: LayerNorm2d, ctx: FuseContext):
 
 
 def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
-    """The impl `fused` means here (cpu / triton), or `function` with a kernel_fallback note."""
+    """The impl `fused` means here (cpu / triton), or `function` with a kernel_fallback note.
+
+    cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel with channels_last_out=True:
+    y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp 1x1
+    convs after it run oneDNN's NHWC path (NCHW made convnext_atto's conv time ~1.9x in a train
+    step). A channels-last x (everything after the first LN) runs aten's layer_norm over the
+    free NHWC view: measured faster than the C++ kernel's channels-last path for C >= 80
+    (8x160x14x14 fwd+bwd 0.57 vs 1.1 ms; docs/fused.md)."""
     from fusebench.kernels import get_impl
     from fusebench.kernels.ln2d import fused
     name, reason = fused.resolve(device)
-    if name is not None:
-        notes.append(("info", f"ln2d: fused kernel = '{name}'"))
-        return name, get_impl("ln2d", name).fn
-    notes.append(("kernel_fallback", f"ln2d fused unavailable ({reason}); "
-                                     f"ran '{fused.FALLBACK}' instead"))
-    return fused.FALLBACK, get_impl("ln2d", fused.FALLBACK).fn
+    if name is None:
+        notes.append(("kernel_fallback", f"ln2d fused unavailable ({reason}); "
+                                         f"ran '{fused.FALLBACK}' instead"))
+        return fused.FALLBACK, get_impl("ln2d", fused.FALLBACK).fn
+    fn = get_impl("ln2d", name).fn
+    if name == "cpu":
+        name, fn = "cpu|channels_last", _ln2d_by_layout(
+            functools.partial(fn, channels_last_out=True), get_impl("ln2d", "channels_last").fn)
+    notes.append(("info", f"ln2d: fused kernel = '{name}'"))
+    return name, fn
+
+
+def _ln2d_by_layout(nchw: Callable, cl: Callable) -> Callable:
+    def ln2d(x, weight, bias, eps):
+        dense_cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        return (cl if dense_cl else nchw)(x, weight, bias, eps)
+    return ln2d
 
 
 # --- the walk ---------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ class LN2dCpuFunction(torch.autograd.Function):
     """Saves x (the input) and the per-position mean/rstd (N*H*W floats each); nothing else."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, mean, rstd = extension().forward(x, weight, bias, float(eps))
+    def forward(ctx, x, weight, bias, eps, channels_last_out=False):
+        y, mean, rstd = extension().forward(x, weight, bias, float(eps), channels_last_out)
         ctx.save_for_backward(x, weight, mean, rstd)
         return y
 
@@ -56,11 +56,14 @@ class LN2dCpuFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = extension().backward(dy, x, mean, rstd, weight)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 @register_impl("ln2d", "cpu", available=available)
-def ln2d_cpu(x, weight, bias, eps: float):
-    """C++/OpenMP kernel: one Welford pass over NCHW, fused backward, NCHW + channels-last."""
+def ln2d_cpu(x, weight, bias, eps: float, *, channels_last_out: bool = False):
+    """C++/OpenMP kernel: one Welford pass over NCHW, fused backward, NCHW + channels-last.
+
+    channels_last_out: an NCHW x gives a channels-last y (what permute + layer_norm returns),
+    so 1x1 convs after it run oneDNN's NHWC path; backward reads a channels-last dy per tile."""
     _check(x)
-    return LN2dCpuFunction.apply(x, weight, bias, eps)
+    return LN2dCpuFunction.apply(x, weight, bias, eps, channels_last_out)
