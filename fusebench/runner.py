@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusebench import distributed
+from fusebench import distributed, forkserver
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.worker import PHASE_PREFIX
 
@@ -64,9 +64,14 @@ class _Worker:
         if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
             cmd = distributed.launch_command(self.dist, self.spec_path, self.out_path)
             env = distributed.launch_env(self.dist, env)
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-            start_new_session=True)   # own process group: we can kill it and its children
+        server = forkserver.get_server() if forkserver.enabled() and not self.dist else None
+        if server is not None:   # a fresh fork of a warm parent: no per-cell torch import
+            self.proc = server.spawn(self.spec_path, self.out_path, tmp / "stdout.txt",
+                                     tmp / "stderr.txt", env)
+        else:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, start_new_session=True)   # own process group: killable as a whole
         self._threads = [threading.Thread(target=self._read_stdout, args=(on_phase,), daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
         for t in self._threads:
