@@ -44,5 +44,11 @@ def test_weak_check_is_flagged_when_eager_itself_is_far_from_float64():
     c = check_step("first", _step(out_scale=1.3), ref, eager, tolerance_for("bfloat16", False),
                    "float64")
     assert c.passed and c.weak and "weak check" in c.detail
-    assert not check_step("first", _step(out_scale=-1.0), ref, eager,
-                          tolerance_for("bfloat16", False), "float64").passed
+
+
+def test_sign_flip_fails_when_eager_is_close():
+    ref, eager = _step(), _step(out_scale=1.02)     # eager 2% off: tol 0.2
+    bf16 = tolerance_for("bfloat16", False)
+    assert check_step("first", _step(out_scale=1.05), ref, eager, bf16, "float64").passed
+    flipped = check_step("first", _step(out_scale=-1.0), ref, eager, bf16, "float64")
+    assert not flipped.passed and not flipped.weak

@@ -103,6 +103,31 @@ def load_extension(name: str, sources: list[str | Path], *, cflags=DEFAULT_CFLAG
             raise BuildError(f"cannot build {name}: {msg}") from e
 
 
+class CppKernel:
+    """One bundled C++ extension: `extension()` builds/loads it, `available(device)` says whether
+    it may run there (cheap: no build), `build()` builds now and returns (ok, reason)."""
+
+    def __init__(self, name: str, source: Path, what: str):
+        self.name, self.source, self.what = name, source, what
+
+    def extension(self):
+        return load_extension(self.name, [self.source])
+
+    def available(self, device: str = "cpu") -> tuple[bool, str]:
+        if not str(device).startswith("cpu"):
+            return False, f"{self.what} on CPU tensors only (device {device})"
+        reason = build_reason(self.name)
+        return (False, reason) if reason else (True, "")
+
+    def build(self) -> tuple[bool, str]:
+        """Build now (the first build costs ~40-50 s; later ones reuse the disk cache)."""
+        try:
+            self.extension()
+        except BuildError as e:
+            return False, str(e)
+        return True, ""
+
+
 def _short(e: Exception) -> str:
     """The first compiler 'error:' line if there is one, else the exception's first line."""
     text = str(e)

@@ -9,7 +9,7 @@ import torch
 
 from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
 from fusebench.kernels.act.se_gate import _check_gate
-from fusebench.kernels.build import BuildError, build_reason, load_extension
+from fusebench.kernels.build import CppKernel
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_act_cpu"
@@ -17,25 +17,8 @@ SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def extension():
-    """The built module; BuildError says why it could not be built."""
-    return load_extension(EXT_NAME, [SOURCE])
-
-
-def available(device: str = "cpu") -> tuple[bool, str]:
-    if not str(device).startswith("cpu"):
-        return False, f"the cpu kernels run on CPU tensors only (device {device})"
-    reason = build_reason(EXT_NAME)
-    return (False, reason) if reason else (True, "")
-
-
-def build() -> tuple[bool, str]:
-    """Build now (the first call costs ~45 s, later ones reuse the disk cache)."""
-    try:
-        extension()
-    except BuildError as e:
-        return False, str(e)
-    return True, ""
+KERNEL = CppKernel(EXT_NAME, SOURCE, "the activation cpu kernels run")
+extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

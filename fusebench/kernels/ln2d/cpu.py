@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from fusebench.kernels.build import BuildError, build_reason, load_extension
+from fusebench.kernels.build import CppKernel
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_ln2d_cpu"
@@ -13,25 +13,8 @@ SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def extension():
-    """The built module (forward/backward); BuildError says why it could not be built."""
-    return load_extension(EXT_NAME, [SOURCE])
-
-
-def available(device: str = "cpu") -> tuple[bool, str]:
-    if not str(device).startswith("cpu"):
-        return False, f"the cpu kernel runs on CPU tensors only (device {device})"
-    reason = build_reason(EXT_NAME)
-    return (False, reason) if reason else (True, "")
-
-
-def build() -> tuple[bool, str]:
-    """Build now (the first call costs ~40 s, later ones reuse the disk cache)."""
-    try:
-        extension()
-    except BuildError as e:
-        return False, str(e)
-    return True, ""
+KERNEL = CppKernel(EXT_NAME, SOURCE, "the ln2d cpu kernel runs")
+extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
 
 
 def _check(x: torch.Tensor) -> None:
