@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fusebench.errors import UsageError
+from fusebench.repro import write_repros
 from fusebench.results import ResultsWriter, default_path, dumps
 from fusebench.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
@@ -55,11 +56,11 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
                   console=Console(stderr=True))
     except KeyboardInterrupt:
         interrupted = True
-    records = writer.records()
-    if save and not records:
+    if not writer.doc["records"]:
         path = None          # nothing finished: no empty document left behind
-    _after_run(writer, path)
-    records = writer.records()      # again: repro scripts add extra["repro"]
+    if path is not None:     # repro scripts for failing cells, next to the document
+        write_repros(writer, path)
+    records = writer.records()
     if records:
         console.print(table(records))
         details(console, records)
@@ -73,13 +74,3 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
                       highlight=False)
         return EXIT_INTERRUPTED
     return exit_code(records)
-
-
-def _after_run(writer: ResultsWriter, path: Path | None) -> None:
-    """Hook for post-run artefacts that need the finished records (repro scripts)."""
-    try:
-        from fusebench.repro import write_repros
-    except ModuleNotFoundError:
-        return
-    if path is not None:
-        write_repros(writer, path)
