@@ -7,6 +7,7 @@ import torch
 
 from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
 from fusebench.kernels.act.se_gate import _check_gate
+from fusebench.kernels.checks import check_nchw
 from fusebench.kernels.ln2d.triton import available, triton_cdiv, triton_next_pow2
 from fusebench.kernels.registry import register_impl
 
@@ -25,14 +26,7 @@ def _kernels():
 
 
 def _check(op: str, x: torch.Tensor) -> None:
-    if x.dtype not in DTYPES:
-        raise TypeError(f"{op} triton: unsupported dtype {x.dtype} (supported: float32, "
-                        "float16, bfloat16)")
-    if x.dim() != 4:
-        raise ValueError(f"{op} triton: x must be 4-D (N, C, H, W), got {x.dim()}-D")
-    if x.shape[1] > MAX_C:
-        raise ValueError(f"{op} triton: C={x.shape[1]} exceeds the {MAX_C} channels one "
-                         "program holds")
+    check_nchw(f"{op} triton", x, DTYPES, MAX_C)
 
 
 def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:

@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from fusebench.kernels.checks import check_nchw
+
 from fusebench.kernels.registry import register_impl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -56,14 +58,7 @@ def _strides(x: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _check(x, weight):
-    if x.dtype not in DTYPES:
-        raise TypeError(f"ln2d triton: unsupported dtype {x.dtype} (supported: float32, "
-                        "float16, bfloat16)")
-    if x.dim() != 4:
-        raise ValueError(f"ln2d triton: x must be 4-D (N, C, H, W), got {x.dim()}-D")
-    if x.shape[1] > MAX_C:
-        raise ValueError(f"ln2d triton: C={x.shape[1]} exceeds the {MAX_C} channels one "
-                         "program holds")
+    check_nchw("ln2d triton", x, DTYPES, MAX_C)
     if weight.numel() != x.shape[1]:
         raise ValueError(f"ln2d triton: weight has {weight.numel()} elements, C={x.shape[1]}")
 
