@@ -108,3 +108,22 @@ def test_cli_json_end_to_end(capsys, user_file):
     assert code == 1
     assert [r["status"] for r in doc["records"]] == ["ok", "error"]
     assert doc["records"][0]["family"] == "ln2d" and doc["records"][0]["gbps"] > 0
+
+
+def test_torchscript_compiles_the_impl_itself(tmp_path):
+    """TorchScript scripts the impl function (not our harness): an annotated impl runs, a user
+    fn with an unannotated float eps fails with TorchScript's own complaint about it."""
+    ok = _cell("permute", modes="torchscript")
+    assert ok.status == "ok", ok.error
+    assert ok.correctness.passed
+    p = tmp_path / "ts_ln.py"
+    p.write_text(textwrap.dedent("""
+        import torch
+        def plain(x, weight, bias, eps):
+            u = x.mean(1, keepdim=True)
+            v = (x - u).pow(2).mean(1, keepdim=True)
+            return (x - u) * torch.rsqrt(v + eps) * weight[:, None, None] + bias[:, None, None]
+    """))
+    bad = _cell(f"{p}:plain", modes="torchscript")
+    assert bad.status == "error"
+    assert "plain(Tensor x, Tensor weight, Tensor bias, Tensor eps)" in bad.error.message

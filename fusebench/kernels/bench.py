@@ -176,21 +176,47 @@ def problem_of(family: str):
 
 
 class ImplModule(nn.Module):
-    """Holds the family's parameter inputs (ln2d: weight, bias) as Parameters so an impl fn can
-    go through any mode's prepare(); forward(x) calls the impl the family's way."""
+    """Holds the family's parameter inputs (ln2d: weight, bias) as Parameters and its constants
+    (ln2d: eps) as float attributes, so an impl fn can go through any mode's prepare(); the
+    per-arity subclasses below call fn(x, *params, *consts) in a forward TorchScript can compile
+    (fn is a closure variable, so scripting compiles the impl itself, or says why it cannot)."""
 
-    def __init__(self, fn: Callable, problem, params: dict[str, torch.Tensor]):
+    def __init__(self, problem, params: dict[str, torch.Tensor]):
         super().__init__()
-        self.fn = fn
-        self.problem = problem
-        for name in problem.params:
-            setattr(self, name, nn.Parameter(params[name].detach().clone()))
+        self.problem = problem          # for the harness; forward never reads it
+        self.names = list(problem.params)
+        args = [nn.Parameter(params[n].detach().clone()) for n in problem.params]
+        for i, a in enumerate([*args, *problem.consts]):
+            setattr(self, f"a{i}", a)
 
     def inputs(self) -> list[nn.Parameter]:
-        return [getattr(self, n) for n in self.problem.params]
+        return [getattr(self, f"a{i}") for i in range(len(self.names))]
 
-    def forward(self, x):
-        return self.problem.call(self.fn, x, *self.inputs())
+
+def impl_module(fn: Callable, problem, params: dict[str, torch.Tensor]) -> ImplModule:
+    n = len(problem.params) + len(problem.consts)
+
+    class Call0(ImplModule):
+        def forward(self, x):
+            return fn(x)
+
+    class Call1(ImplModule):
+        def forward(self, x):
+            return fn(x, self.a0)
+
+    class Call2(ImplModule):
+        def forward(self, x):
+            return fn(x, self.a0, self.a1)
+
+    class Call3(ImplModule):
+        def forward(self, x):
+            return fn(x, self.a0, self.a1, self.a2)
+
+    classes = (Call0, Call1, Call2, Call3)
+    if n >= len(classes):
+        raise ValueError(f"kernel family {problem.family}: {n} arguments after x is more than "
+                         f"the {len(classes) - 1} supported")
+    return classes[n](problem, params)
 
 
 def make_inputs(problem, shape, dtype, device, channels_last: bool, seed: int):
@@ -399,7 +425,7 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
     problem = problem_of(spec.model)
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last,
                                 spec.seed + 1)
-    module = ImplModule(fn, problem, params)
+    module = impl_module(fn, problem, params)
     with events.capture_warnings(), events.capture_stderr():
         phase("compile")
         call = mode.prepare(module, (x,), spec.options(), events)

@@ -22,9 +22,10 @@ ParamMaker = Callable[[list[int], torch.Generator], dict[str, torch.Tensor]]
 class KernelProblem:
     family: str
     signature: str                       # how a user impl is called, for help and errors
-    call: Callable                       # call(fn, x, *params) -> y
+    # an impl is called fn(x, *params, *consts): consts are plain floats such as ln2d's eps
     reference: Callable                  # reference(x, *params) -> y, all float64
     params: tuple[str, ...] = ()         # inputs after x that get gradients, in call order
+    consts: tuple[float, ...] = ()       # non-tensor arguments after the params
     make_params: ParamMaker | None = None  # (shape, generator) -> {name: float32 CPU tensor}
     reads_fwd: int = 1                   # x-sized tensors read by forward (x)
     writes_fwd: int = 1                  # ... written by forward (y)
@@ -85,7 +86,7 @@ def _ln2d_reference(x, w, b):
 
 register_problem(KernelProblem(
     family="ln2d", signature="fn(x, weight, bias, eps) -> y",
-    call=lambda fn, x, w, b: fn(x, w, b, LN2D_EPS), reference=_ln2d_reference,
+    consts=(LN2D_EPS,), reference=_ln2d_reference,
     params=("weight", "bias"), make_params=_ln2d_params,
     builds=(("cpu", _lazy_build("fusebench.kernels.ln2d.cpu")),),
     fused_module="fusebench.kernels.ln2d.fused"))
@@ -118,13 +119,13 @@ def _bias_gelu_reference(x, b, approximate: str = "none"):
 _ACT_BUILD = (("cpu", _lazy_build("fusebench.kernels.act.cpu")),)
 
 register_problem(KernelProblem(
-    family="silu", signature="fn(x) -> y", call=lambda fn, x: fn(x),
+    family="silu", signature="fn(x) -> y",
     reference=_silu_reference, builds=_ACT_BUILD))
 register_problem(KernelProblem(
     family="se_gate", signature="fn(x, gate_logits) -> y  (gate_logits (N, C, 1, 1))",
-    call=lambda fn, x, g: fn(x, g), reference=_se_gate_reference,
+    reference=_se_gate_reference,
     params=("gate_logits",), make_params=_se_gate_params, builds=_ACT_BUILD))
 register_problem(KernelProblem(
     family="bias_gelu", signature="fn(x, bias) -> y",
-    call=lambda fn, x, b: fn(x, b), reference=_bias_gelu_reference,
+    reference=_bias_gelu_reference,
     params=("bias",), make_params=_bias_gelu_params, builds=_ACT_BUILD))
