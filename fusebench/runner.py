@@ -64,7 +64,10 @@ class _Worker:
         if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
             cmd = distributed.launch_command(self.dist, self.spec_path, self.out_path)
             env = distributed.launch_env(self.dist, env)
-        server = forkserver.get_server() if forkserver.enabled() and not self.dist else None
+        # CUDA does not survive fork() once a parent has touched the driver, so GPU cells
+        # (and torchrun's ranks) always start a fresh interpreter
+        forkable = forkserver.enabled() and not self.dist and not spec.device.startswith("cuda")
+        server = forkserver.get_server() if forkable else None
         if server is not None:   # a fresh fork of a warm parent: no per-cell torch import
             self.proc = server.spawn(self.spec_path, self.out_path, tmp / "stdout.txt",
                                      tmp / "stderr.txt", env)
