@@ -121,7 +121,12 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
         raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
     kwargs = parse_kwargs(req.model_kwargs)
     benches = BENCHES if req.bench == "both" else (req.bench,)
-    options = tuple(sorted((k, v) for k, v in req.mode_options.items() if v is not None))
+    # each cell carries only the options its mode reads, and only where they differ from the
+    # mode's defaults: records, compare keys and plot labels then name real variants only
+    defaults = {m: MODES[m].option_defaults for m in mode_names}
+    options = {m: tuple(sorted((k, v) for k, v in req.mode_options.items()
+                               if k in defaults[m] and v is not None and v != defaults[m][k]))
+               for m in mode_names}
 
     specs = []
     for src, bench, batch, size in itertools.product(sources, benches, batches, sizes):
@@ -134,6 +139,6 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                 img_size=size,          # None: the worker uses the model's default
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
                 warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
-                    kwargs.items())), mode_options=options, timeout=req.timeout,
+                    kwargs.items())), mode_options=options[mode], timeout=req.timeout,
                 check=req.check, extra=dist.to_extra() if dist else ()))
     return specs

@@ -83,3 +83,12 @@ def test_real_subprocess_json(tmp_path):
     assert rec["activation_bytes"] is None        # nothing is saved for backward in inference
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and load(saved[0])["records"] == doc["records"]
+
+
+def test_cells_carry_only_their_modes_non_default_options():
+    from fusebench.plan import RunRequest, plan_run
+    specs = plan_run(RunRequest(models=TINY, modes="eager,torchscript,aot",
+                                mode_options={"ts_fuser": "none", "aot_compiler": "nop",
+                                              "compile_backend": "inductor"}))
+    assert {s.mode: s.mode_options for s in specs} == {
+        "eager": (), "torchscript": (("ts_fuser", "none"),), "aot": ()}
