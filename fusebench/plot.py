@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # headless: no display on benchmark machines; set before 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fusebench.report import short_model
 from fusebench import compare as C  # noqa: E402
 from fusebench.env import env_differences, env_summary  # noqa: E402
 from fusebench.errors import UsageError  # noqa: E402
@@ -31,7 +32,7 @@ def _ok(records: Sequence[Record]) -> list[Record]:
 
 
 def _cell_name(r: Record, many_configs: bool) -> str:
-    return f"{r.model}\n{C.config_label(r)}" if many_configs else r.model
+    return f"{short_model(r.model)}\n{C.config_label(r)}" if many_configs else short_model(r.model)
 
 
 def _footnote(fig, runs: Sequence[C.Run]) -> None:
@@ -84,7 +85,7 @@ def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
         for row in cmp.rows:
             if row.baseline or row.ratio is None:
                 continue
-            g = f"{row.model}\n{row.config}" if many_cfg else row.model
+            g = f"{short_model(row.model)}\n{row.config}" if many_cfg else short_model(row.model)
             if g not in groups:
                 groups.append(g)
             name = _label(run, len(runs) > 1, row.variant)
@@ -207,7 +208,7 @@ def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
         y, (lo, hi) = val(r)
         if x is None or y is None:
             continue
-        name = f"{r.model}/{C.variant(r)}" if many_models else C.variant(r)
+        name = f"{short_model(r.model)}/{C.variant(r)}" if many_models else C.variant(r)
         lines.setdefault(_label(run, len(runs) > 1, name), []).append((x, y, lo, hi))
     for name, pts in lines.items():
         pts.sort()
