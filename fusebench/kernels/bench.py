@@ -230,10 +230,6 @@ def make_inputs(problem, shape, dtype, device, channels_last: bool, seed: int):
     return x, dy, {k: v.to(device=device, dtype=dtype) for k, v in params.items()}
 
 
-def bytes_moved(problem, shape, dtype: torch.dtype, direction: str) -> int:
-    return problem.bytes_moved(shape, dtype, direction)
-
-
 def _reference(problem, x, dy, params, direction: str):
     xd = x.detach().double().requires_grad_()
     pd = [params[n].detach().double().requires_grad_() for n in problem.params]
@@ -442,7 +438,7 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         act = saved_bytes(call, module, x, direction)
         after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
         mode.finish(events)
-    nbytes = bytes_moved(problem, shape, dtype, direction)
+    nbytes = problem.bytes_moved(shape, dtype, direction)
     gbps = nbytes / stats.median / 1e6
     extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copy_fresh, copy_gbps=copy_fresh,
                  copy_prealloc_gbps=copy_pre, bytes=nbytes)
