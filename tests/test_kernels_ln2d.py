@@ -57,7 +57,10 @@ def assert_close(errs, tol):
     assert not bad, f"errors over {tol}: {bad}"
 
 
-SHAPES = [(1, 1, 5, 3), (2, 3, 7, 5), (1, 7, 13, 11), (2, 129, 3, 5), (1, 96, 9, 9)]
+# the last two span several of the cpu kernel's position blocks with a ragged tail (C=40 fp32:
+# 512 positions per block, H*W=667; C=600: 80 per block, H*W=117)
+SHAPES = [(1, 1, 5, 3), (2, 3, 7, 5), (1, 7, 13, 11), (2, 129, 3, 5), (1, 96, 9, 9),
+          (2, 40, 23, 29), (1, 600, 9, 13)]
 
 
 @pytest.mark.parametrize("name", IMPLS)
@@ -74,6 +77,42 @@ def test_matches_reference(name, shape, layout):
     # C == 1: x - mean == 0, rstd = eps^-1/2 amplifies float32 rounding in the baselines' dx
     eps = 1e-3 if shape[1] == 1 else 1e-6
     assert_close(run_and_compare(fn, x, eps=eps), 1e-4)
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 5, 3), (2, 40, 23, 29), (1, 600, 9, 13)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dy_layout", ["channels_last", "nchw"])
+def test_cpu_channels_last_out(shape, dy_layout):
+    """The fuser's call: NCHW x -> channels-last y; backward takes either dy layout."""
+    _impl("cpu")
+    seen = {}
+
+    def fn(x, w, b, eps):
+        y = cpu.ln2d_cpu(x, w, b, eps, channels_last_out=True)
+        seen["y_cl"] = y.is_contiguous(memory_format=torch.channels_last)
+        y.register_hook(lambda g: g.contiguous(memory_format=torch.channels_last)
+                        if dy_layout == "channels_last" else g.contiguous())
+        return y
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    assert_close(run_and_compare(fn, x), 1e-4)
+    assert seen["y_cl"] or shape[1] == 1
+
+
+def test_cpu_huge_page_hint_changes_no_result():
+    """The huge-page hint only changes how output memory is faulted in, never a value."""
+    _impl("cpu")
+    x = torch.randn(8, 96, 110, 110, generator=torch.Generator().manual_seed(0))  # 37 MB: hinted
+    w, b = torch.randn(96), torch.randn(96)
+    ext = cpu.extension()
+    try:
+        ext.set_huge_pages(False)
+        plain = ext.forward(x, w, b, 1e-6)[0]
+        ext.set_huge_pages(True)
+        hinted = ext.forward(x, w, b, 1e-6)[0]
+    finally:
+        ext.set_huge_pages(True)
+    assert torch.equal(plain, hinted)
 
 
 @pytest.mark.parametrize("name", STABLE)

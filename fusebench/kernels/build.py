@@ -68,7 +68,8 @@ def _cpu_flags() -> str:
 
 def _fingerprint(sources: list[Path], cflags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for s in sources:
+    # the kernels' own sources plus the headers they share (huge_pages.h)
+    for s in [*sources, *sorted(Path(__file__).parent.glob("*.h"))]:
         h.update(s.read_bytes())
     for part in (*cflags, torch.__version__, sys.version, _cpu_flags()):
         h.update(part.encode())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -310,6 +311,30 @@ class FusedConvBNSiLU(FusedModule):
         return fused_ops(kernel, c, ((bn.weight, bn.bias),))
 
 
+class FusedDepthwiseConv(FusedModule):
+    """Depthwise conv: aten's forward, fusebench's C++ backward (kernels.dwconv). Same
+    Parameters under the same names (weight, bias) as the nn.Conv2d it replaces."""
+    fusion = "dwconv"
+
+    def __init__(self, src: nn.Conv2d):
+        super().__init__()
+        self.in_channels, self.kernel_size = src.in_channels, src.kernel_size
+        self.weight, self.bias = src.weight, src.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from fusebench.kernels.dwconv import cpu
+        if cpu.runs_on(x):
+            return cpu.dwconv_cpu(x, self.weight, self.bias)
+        # e.g. bf16 under autocast: aten runs, and says so (captured as a warning event)
+        warnings.warn(f"dwconv: the C++ kernel takes float32/float64 CPU input, got {x.dtype} "
+                      f"on {x.device}; ran aten's depthwise conv instead", stacklevel=2)
+        k = self.kernel_size[0]
+        return F.conv2d(x, self.weight, self.bias, padding=k // 2, groups=self.in_channels)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, kernel_size={self.kernel_size}, backward=cpu"
+
+
 class MemoryEfficientSiLU(SiLUMemEff, FusedModule):
     """kernels.act's SiLUMemEff (saves its input only), marked as the fuser's product."""
     fusion = "silu_me"
@@ -357,6 +382,7 @@ class FuseContext:
     bench: str
     device: str
     ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
+    dwconv: bool | None = None                    # the dwconv kernel built here, checked once
     notes: list[tuple[str, str]] = field(default_factory=list)   # (event kind, message)
     impls: dict[str, str] = field(default_factory=dict)          # family -> impl override
     bound: dict[str, Pure] = field(default_factory=dict)         # family -> pair, once
@@ -437,6 +463,21 @@ def _mlp(m: ConvMlp, ctx: FuseContext):
             or m.fc2.bias is None:
         return None
     return FusedConvMlp(m, ctx.act("bias_gelu"))
+
+
+@register_fusion("dwconv", nn.Conv2d, benches=("train",))
+def _dwconv(m: nn.Conv2d, ctx: FuseContext):
+    """Depthwise 5x5/7x7 conv (stride 1, same padding) -> aten forward + C++ backward (CPU)."""
+    from fusebench.kernels.dwconv import cpu
+    if not ctx.device.startswith("cpu") or cpu.supports(m):
+        return None
+    if ctx.dwconv is None:                 # build (or fail) once per fuse(), not per site
+        ok, reason = cpu.build()
+        ctx.dwconv = ok
+        if not ok:
+            ctx.notes.append(("kernel_fallback", f"dwconv cpu unavailable ({reason}); "
+                                                 f"depthwise convs left to aten"))
+    return FusedDepthwiseConv(m) if ctx.dwconv else None
 
 
 @register_fusion("ln2d", LayerNorm2d)

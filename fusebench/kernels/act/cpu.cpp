@@ -15,6 +15,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "../huge_pages.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -241,7 +243,7 @@ template <typename T> c10::ScalarType acc_type() { return c10::CppTypeToScalarTy
 // ---------------------------------------------------------------- entry points
 at::Tensor silu_forward(const at::Tensor& x_) {
   at::Tensor x = like(x_, layout_of(x_));
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_forward", [&] {
     silu_fwd_k<scalar_t, Acc<scalar_t>>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.numel());
   });
@@ -252,7 +254,7 @@ at::Tensor silu_backward(const at::Tensor& dy_, const at::Tensor& x_) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);  // same strides as x: same flat index
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_backward", [&] {
     silu_bwd_k<scalar_t, Acc<scalar_t>>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                                         dx.data_ptr<scalar_t>(), x.numel());
@@ -265,7 +267,7 @@ at::Tensor bias_gelu_forward(const at::Tensor& x_, const at::Tensor& bias, bool 
   at::Tensor x = like(x_, l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   TORCH_CHECK(bias.numel() == C, "bias has ", bias.numel(), " elements, C=", C);
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_forward", [&] {
     using A = Acc<scalar_t>;
     at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
@@ -281,7 +283,7 @@ std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tens
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   at::Tensor db;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
     using A = Acc<scalar_t>;
@@ -302,7 +304,7 @@ at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g) {
   at::Tensor x = like(x_, l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   TORCH_CHECK(g.numel() == N * C, "gate_logits must be (N, C, 1, 1)");
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_forward", [&] {
     using A = Acc<scalar_t>;
     at::Tensor s = g.to(acc_type<scalar_t>()).reshape({N * C}).sigmoid().contiguous();
@@ -318,7 +320,7 @@ std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   at::Tensor dg;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_backward", [&] {
     using A = Acc<scalar_t>;

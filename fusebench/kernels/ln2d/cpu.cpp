@@ -1,10 +1,10 @@
 // LN2d on CPU: LayerNorm over the channel dim of an (N, C, H, W) tensor, forward + fused backward.
 //
-// NCHW memory: a task is one sample n and a block of kBlock positions along H*W. Its C x kBlock
-// tile (96 x 64 floats = 24 KiB) stays in L1, so x is read from memory once: a Welford pass over
-// C gives mean/M2 per position (lanes along H*W, contiguous -> vectorised), a second pass over
-// the cached tile writes y. Backward does the same with x and dy: one pass for the two channel
-// sums and the dweight/dbias partials, a second (cached) pass writes dx.
+// NCHW memory: a task is one sample n and a block of B positions along H*W (B = 512 for C = 96
+// fp32, see block_len). Its C x B tile of x stays in L2, so x is read from memory once: a Welford
+// pass over C gives mean/M2 per position (lanes along H*W, contiguous -> vectorised), a second
+// pass over the cached tile writes y. Backward does the same with x and dy: one pass for the two
+// channel sums and the dweight/dbias partials, a second (cached) pass writes dx.
 // Channels-last memory (NHWC): each position's C values are contiguous; two-pass over the
 // L1-resident row, vectorised along C.
 // Shift: statistics are taken of x - x[:, 0] (the first channel at the same position), so an
@@ -21,12 +21,24 @@
 #include <cmath>
 #include <vector>
 
+#include "../huge_pages.h"
+
 namespace {
 
-constexpr int64_t kBlock = 64;  // H*W positions per task: 4 AVX-512 vectors; C x kBlock in L1
+// H*W positions per task. Measured (32x96x56x56 fp32, 2 threads): 64 positions (a 256-byte run
+// per channel, 192 interleaved streams) left the kernel latency-bound at 1.5-2x its traffic;
+// 512 (2 KiB runs) is near the copy bound. The C x block tile of x (and dy) must still sit in
+// L2 for the second pass, so wide C gets shorter blocks.
+constexpr int64_t kMaxBlock = 512;
+constexpr int64_t kTileBytes = 192 * 1024;  // per tensor tile; bwd keeps two (x, dy) in L2
 constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, threads cost more
 constexpr int64_t kTileMaxC = 64;  // channels-last x up to this C runs the tiled path: at C=40
                                    // bwd 2.2 vs 4.3 ms per-row; at C>=80 the transposes cost more
+
+int64_t block_len(int64_t C, int64_t elem_bytes) {
+  const int64_t b = kTileBytes / std::max<int64_t>(1, C * elem_bytes) / 16 * 16;
+  return std::clamp<int64_t>(b, 16, kMaxBlock);
+}
 
 int64_t grain(int64_t elems_per_item) {
   return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, elems_per_item));
@@ -49,33 +61,34 @@ void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn)
 // layer_norm returns it, so the 1x1 convs that usually follow take oneDNN's NHWC path. The
 // tile's y goes to an L1 buffer first and is stored transposed; x is still read once.
 // x_nhwc: x is channels-last (C <= kTileMaxC); each task loads its rows (L * C contiguous values)
-// into the same (C, kBlock) L1 tile first, so small C keeps the vectorised-along-positions loops
+// into the same (C, B) tile first, so small C keeps the vectorised-along-positions loops
 // (the per-row path below runs 2-3x slower than aten's layer_norm for C = 40..320).
 template <typename T>
-void load_tile(const T* rows, T* tile, int64_t L, int64_t C) {  // (L, C) rows -> (C, kBlock)
+void load_tile(const T* rows, T* tile, int64_t L, int64_t C, int64_t B) {  // (L,C) -> (C,B)
   for (int64_t i = 0; i < L; ++i)
-    for (int64_t c = 0; c < C; ++c) tile[c * kBlock + i] = rows[i * C + c];
+    for (int64_t c = 0; c < C; ++c) tile[c * B + i] = rows[i * C + c];
 }
 
 template <typename T>
-void store_tile(const T* tile, T* rows, int64_t L, int64_t C) {  // (C, kBlock) -> (L, C) rows
+void store_tile(const T* tile, T* rows, int64_t L, int64_t C, int64_t B) {  // (C,B) -> (L,C)
   for (int64_t i = 0; i < L; ++i)
-    for (int64_t c = 0; c < C; ++c) rows[i * C + c] = tile[c * kBlock + i];
+    for (int64_t c = 0; c < C; ++c) rows[i * C + c] = tile[c * B + i];
 }
 
 template <typename T, typename A>
 void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t N, int64_t C,
               int64_t HW, double eps, bool x_nhwc, bool y_nhwc) {
-  const int64_t nblk = (HW + kBlock - 1) / kBlock;
-  at::parallel_for(0, N * nblk, grain(C * kBlock), [&](int64_t t0, int64_t t1) {
-    alignas(64) A k[kBlock], m[kBlock], m2[kBlock];
-    std::vector<T> ybuf(y_nhwc ? C * kBlock : 0);  // (C, kBlock) tile of y before the transpose
-    std::vector<T> xbuf(x_nhwc ? C * kBlock : 0);
-    const int64_t xs = x_nhwc ? kBlock : HW;       // distance between channels in the x tile
+  const int64_t B = block_len(C, sizeof(T));
+  const int64_t nblk = (HW + B - 1) / B;
+  at::parallel_for(0, N * nblk, grain(C * B), [&](int64_t t0, int64_t t1) {
+    alignas(64) A k[kMaxBlock], m[kMaxBlock], m2[kMaxBlock];
+    std::vector<T> ybuf(y_nhwc ? C * B : 0);  // (C, B) tile of y before the transpose
+    std::vector<T> xbuf(x_nhwc ? C * B : 0);
+    const int64_t xs = x_nhwc ? B : HW;       // distance between channels in the x tile
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t / nblk, hw0 = (t % nblk) * kBlock;
-      const int64_t L = std::min(kBlock, HW - hw0);
-      if (x_nhwc) load_tile(x + (n * HW + hw0) * C, xbuf.data(), L, C);
+      const int64_t n = t / nblk, hw0 = (t % nblk) * B;
+      const int64_t L = std::min(B, HW - hw0);
+      if (x_nhwc) load_tile(x + (n * HW + hw0) * C, xbuf.data(), L, C, B);
       const T* xn = x_nhwc ? xbuf.data() : x + n * C * HW + hw0;
       T* yn = y + n * C * HW + hw0;
       for (int64_t i = 0; i < L; ++i) { k[i] = static_cast<A>(xn[i]); m[i] = 0; m2[i] = 0; }
@@ -99,44 +112,45 @@ void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_
       }
       for (int64_t c = 0; c < C; ++c) {
         const T* xc = xn + c * xs;
-        T* yc = y_nhwc ? ybuf.data() + c * kBlock : yn + c * HW;
+        T* yc = y_nhwc ? ybuf.data() + c * B : yn + c * HW;
         const A wc = w[c], bc = b[c];
 #pragma omp simd
         for (int64_t i = 0; i < L; ++i)
           yc[i] = static_cast<T>((static_cast<A>(xc[i]) - k[i] - m[i]) * m2[i] * wc + bc);
       }
-      if (y_nhwc) store_tile(ybuf.data(), y + (n * HW + hw0) * C, L, C);
+      if (y_nhwc) store_tile(ybuf.data(), y + (n * HW + hw0) * C, L, C, B);
     }
   });
 }
 
 // dy_nhwc: dy is channels-last (the gradient from a conv that ran NHWC): each task first copies
-// its rows (one contiguous block of L * C values) into an L1 (C, kBlock) tile, instead of a
+// its rows (one contiguous block of L * C values) into a (C, B) tile, instead of a
 // whole-tensor .contiguous() pass before the kernel.
 template <typename T, typename A>
 void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w, T* dx, A* dw,
               A* db, int64_t N, int64_t C, int64_t HW, bool x_nhwc, bool dy_nhwc) {
-  const int64_t nblk = (HW + kBlock - 1) / kBlock;
+  const int64_t B = block_len(C, sizeof(T));
+  const int64_t nblk = (HW + B - 1) / B;
   const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
   std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
   const A invC = A(1) / A(C);
-  parallel_chunks(N * nblk, parts, grain(C * kBlock), [&](int64_t p, int64_t t0, int64_t t1) {
-    alignas(64) A kk[kBlock], mm[kBlock], rr[kBlock], sg[kBlock], sgx[kBlock];
-    std::vector<T> dybuf(dy_nhwc ? C * kBlock : 0);
-    std::vector<T> xbuf(x_nhwc ? C * kBlock : 0), dxbuf(x_nhwc ? C * kBlock : 0);  // dx: x's
-    const int64_t xs = x_nhwc ? kBlock : HW;
+  parallel_chunks(N * nblk, parts, grain(C * B), [&](int64_t p, int64_t t0, int64_t t1) {
+    alignas(64) A kk[kMaxBlock], mm[kMaxBlock], rr[kMaxBlock], sg[kMaxBlock], sgx[kMaxBlock];
+    std::vector<T> dybuf(dy_nhwc ? C * B : 0);
+    std::vector<T> xbuf(x_nhwc ? C * B : 0), dxbuf(x_nhwc ? C * B : 0);  // dx: x's
+    const int64_t xs = x_nhwc ? B : HW;
     A* dwp = pdw.data() + p * C;
     A* dbp = pdb.data() + p * C;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t / nblk, hw0 = (t % nblk) * kBlock;
-      const int64_t L = std::min(kBlock, HW - hw0);
+      const int64_t n = t / nblk, hw0 = (t % nblk) * B;
+      const int64_t L = std::min(B, HW - hw0);
       const int64_t off = n * C * HW + hw0;
-      if (dy_nhwc) load_tile(dy + (n * HW + hw0) * C, dybuf.data(), L, C);
-      if (x_nhwc) load_tile(x + (n * HW + hw0) * C, xbuf.data(), L, C);
+      if (dy_nhwc) load_tile(dy + (n * HW + hw0) * C, dybuf.data(), L, C, B);
+      if (x_nhwc) load_tile(x + (n * HW + hw0) * C, xbuf.data(), L, C, B);
       const T* xt = x_nhwc ? xbuf.data() : x + off;
       // channel c of dy for this tile: the buffer row, or the NCHW plane
       auto dy_at = [&](int64_t c) {
-        return dy_nhwc ? dybuf.data() + c * kBlock : dy + off + c * HW;
+        return dy_nhwc ? dybuf.data() + c * B : dy + off + c * HW;
       };
       for (int64_t i = 0; i < L; ++i) {
         kk[i] = static_cast<A>(xt[i]);  // the shift: channel 0
@@ -166,7 +180,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
       for (int64_t c = 0; c < C; ++c) {  // dx = rstd * (g - mean_c(g) - xhat * mean_c(g*xhat))
         const T* xc = xt + c * xs;
         const T* dyc = dy_at(c);
-        T* dxc = x_nhwc ? dxbuf.data() + c * kBlock : dx + off + c * HW;
+        T* dxc = x_nhwc ? dxbuf.data() + c * B : dx + off + c * HW;
         const A wc = w[c];
 #pragma omp simd
         for (int64_t i = 0; i < L; ++i) {
@@ -174,7 +188,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
           dxc[i] = static_cast<T>(rr[i] * (static_cast<A>(dyc[i]) * wc - sg[i] - xh * sgx[i]));
         }
       }
-      if (x_nhwc) store_tile(dxbuf.data(), dx + (n * HW + hw0) * C, L, C);
+      if (x_nhwc) store_tile(dxbuf.data(), dx + (n * HW + hw0) * C, L, C, B);
     }
   });
   for (int64_t p = 0; p < parts; ++p)
@@ -284,7 +298,7 @@ std::vector<at::Tensor> forward(at::Tensor x, at::Tensor w, at::Tensor b, double
   const auto at_ = acc_type(x.scalar_type());
   auto wa = w.to(at_).contiguous(), ba = b.to(at_).contiguous();
   const bool y_nhwc = lay == Layout::NCHW && channels_last_out;
-  auto y = at::empty_like(x, x.options(), y_nhwc ? at::MemoryFormat::ChannelsLast : fmt(lay));
+  auto y = fusebench::empty_output(x, y_nhwc ? at::MemoryFormat::ChannelsLast : fmt(lay));
   auto mean = at::empty({N, HW}, x.options().dtype(at_));
   auto rstd = at::empty({N, HW}, x.options().dtype(at_));
   if (x.numel() == 0) return {y, mean, rstd};
@@ -317,7 +331,7 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor mean, a
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   const auto at_ = acc_type(x.scalar_type());
   auto wa = w.to(at_).contiguous();
-  auto dx = at::empty_like(x, x.options(), fmt(lay));
+  auto dx = fusebench::empty_output(x, fmt(lay));
   auto dw = at::zeros({C}, x.options().dtype(at_));
   auto db = at::zeros({C}, x.options().dtype(at_));
   if (x.numel() == 0) return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type())};
@@ -347,4 +361,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"),
         py::arg("channels_last_out") = false);
   m.def("backward", &backward, "LN2d backward: (dx, dweight, dbias)");
+  m.def("set_huge_pages", [](bool on) { fusebench::huge_pages_enabled() = on; },
+        "ask for transparent huge pages on large outputs (default on)");
 }
