@@ -15,8 +15,8 @@ from fusebench.modes.base import Mode
 @register_mode
 class Fused(Mode):
     name = "fused"
-    description = ("fusebench op fuser: LN2d kernel, BN+SiLU, SE gate, bias+GELU+fc2; conv+BN "
-                   "folding for inference")
+    description = ("fusebench op fuser: LN2d kernel, BN+SiLU, SE gate, bias+GELU+fc2, "
+                   "depthwise-conv backward; conv+BN folding for inference")
 
     def __init__(self):
         self._rewritten = False
