@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         e, f, c = recs.get("eager"), recs.get("fused"), recs.get("compile")
         print(f"{model:16} {_ms(e):>9} {_ms(f):>9} {_ms(c):>10} {_ratio(e, f, 'speed'):>8} "
               f"{_ratio(e, c, 'speed'):>9} {_ratio(f, e, 'act'):>15} {_ratio(c, e, 'act'):>17} "
-              f"{c.compile_s if c and c.compile_s else float('nan'):9.1f}")
+              f"{f'{c.compile_s:.1f}' if c and c.compile_s else '-':>9}")
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(records, fh, indent=1)

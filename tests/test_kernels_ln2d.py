@@ -207,3 +207,19 @@ def test_fused_fallback_warns_and_runs_function(monkeypatch):
 def test_cpu_unavailable_on_cuda_device():
     ok, reason = get_impl("ln2d", "cpu").available("cuda")
     assert not ok and "CPU" in reason
+
+
+def test_cpp_kernel_loads_once_per_process(monkeypatch):
+    """Every forward/backward asks for the module; only the first ask goes to the loader."""
+    from fusebench.kernels import build
+    calls = []
+    kernel = build.CppKernel("fusebench_ln2d_cpu", cpu.SOURCE, "the ln2d cpu kernel runs")
+    real = build.load_extension
+    monkeypatch.setattr(build, "load_extension",
+                        lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = kernel.extension()
+    assert kernel.extension() is first and kernel.extension() is first
+    assert len(calls) == 1
+    x = torch.randn(2, 8, 5, 5)
+    y, mean, rstd = first.forward(x, torch.ones(8), torch.zeros(8), 1e-6, False)
+    torch.testing.assert_close(y, function.ln2d_function(x, torch.ones(8), torch.zeros(8), 1e-6))

@@ -80,6 +80,31 @@ def test_inference_matches_eager(name):
     mode.finish(events)
 
 
+def test_ops_torch_refreshes_or_drops_stay_alive_for_torchscript():
+    """torch.jit maps objects to builtin ops by id(): an op freed by a packet refresh or a
+    Library teardown leaves a dangling id that a new object can take (jit_ids)."""
+    import gc
+
+    from fusebench.modes import jit_ids
+    assert jit_ids.install()
+    ns = "fusebench_jit_ids_test"
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("foo(Tensor x) -> Tensor")
+        first = id(getattr(torch.ops, ns).foo._op)      # registered with torch.jit by id
+        lib.define("foo.two(Tensor x, int n) -> Tensor")   # refresh: a new op object
+        second = id(getattr(torch.ops, ns).foo._op)
+        assert first != second
+    finally:
+        lib._destroy()                                      # drops the packet and its op
+    table = torch.jit._builtins._get_builtin_table()
+    live = {id(o): o for o in gc.get_objects()}
+    for i in (first, second):
+        assert table.get(i) == f"{ns}::foo"
+        assert i in live and getattr(live[i], "__module__", "") == f"torch._ops.{ns}", \
+            "the op torch.jit still maps by id was freed"
+
+
 @pytest.mark.parametrize("name", list_modes())
 def test_available_returns_bool_and_reason(name):
     ok, reason = get_mode(name).available({}, "cpu")

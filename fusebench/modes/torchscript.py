@@ -8,8 +8,12 @@ from collections import Counter
 
 import torch
 
-from fusebench.modes import register_mode
+from fusebench.modes import jit_ids, register_mode
 from fusebench.modes.base import Mode
+
+# before any torch.library refresh in this process can free an op whose id the script
+# frontend still maps to a builtin (see jit_ids)
+jit_ids.install()
 
 # node kinds that mean "a fuser took these ops": NNC, legacy fuser, nvFuser (pre-2.2 builds)
 FUSION_KINDS = ("prim::TensorExprGroup", "prim::FusionGroup", "prim::CudaFusionGroup")

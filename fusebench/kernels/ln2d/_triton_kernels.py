@@ -35,7 +35,7 @@ def ln2d_fwd_kernel(X, Y, W, B, Mean, Rstd, C, HW, stride_n, stride_c, stride_hw
 
 
 @triton.jit
-def ln2d_bwd_kernel(DY, X, W, Mean, Rstd, DX, DWp, DBp, C, HW, stride_n, stride_c, stride_hw,
+def ln2d_bwd_kernel(DY, X, W, Mean, Rstd, DX, Parts, C, HW, stride_n, stride_c, stride_hw,
                     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     pid_hw = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
@@ -57,6 +57,6 @@ def ln2d_bwd_kernel(DY, X, W, Mean, Rstd, DX, DWp, DBp, C, HW, stride_n, stride_
     sgx = tl.sum(g * xhat, axis=0) / C
     dx = rstd[None, :] * (g - sg[None, :] - xhat * sgx[None, :])
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
-    row = n * tl.num_programs(0) + pid_hw                      # one partial row per program
-    tl.store(DWp + row * C + cs, tl.sum(dy * xhat, axis=1), mask=cm)
-    tl.store(DBp + row * C + cs, tl.sum(dy, axis=1), mask=cm)
+    row = n * tl.num_programs(0) + pid_hw            # one (dweight, dbias) row pair per program
+    tl.store(Parts + row * 2 * C + cs, tl.sum(dy * xhat, axis=1), mask=cm)
+    tl.store(Parts + (row * 2 + 1) * C + cs, tl.sum(dy, axis=1), mask=cm)

@@ -4,7 +4,8 @@
 // fp32, see block_len). Its C x B tile of x stays in L2, so x is read from memory once: a Welford
 // pass over C gives mean/M2 per position (lanes along H*W, contiguous -> vectorised), a second
 // pass over the cached tile writes y. Backward does the same with x and dy: one pass for the two
-// channel sums and the dweight/dbias partials, a second (cached) pass writes dx.
+// channel sums and the dweight/dbias partials, a second (cached) pass writes dx. During a
+// task's second pass the next task's tile is prefetched (prefetch_part).
 // Channels-last memory (NHWC): each position's C values are contiguous; two-pass over the
 // L1-resident row, vectorised along C.
 // Shift: statistics are taken of x - x[:, 0] (the first channel at the same position), so an
@@ -75,6 +76,26 @@ void store_tile(const T* tile, T* rows, int64_t L, int64_t C, int64_t B) {  // (
     for (int64_t c = 0; c < C; ++c) rows[i * C + c] = tile[c * B + i];
 }
 
+// Where task t's tile starts in a tensor of either layout: NCHW planes (row c at + c * HW) or
+// one channels-last block of L * C contiguous values.
+template <typename T>
+const T* tile_start(const T* base, bool nhwc, int64_t t, int64_t nblk, int64_t B, int64_t C,
+                    int64_t HW) {
+  const int64_t n = t / nblk, hw0 = (t % nblk) * B;
+  return nhwc ? base + (n * HW + hw0) * C : base + n * C * HW + hw0;
+}
+
+// Software prefetch of part c (of C) of task t's tile, issued while the previous tile's second
+// pass (L2-resident data) runs, so the first pass of t reads cache instead of waiting on DRAM:
+// the hardware prefetchers do not keep up with C interleaved 2 KiB runs. Measured at
+// 32x96x56x56 fp32, 2 threads, calls alternated with the old build: fwd 10.6-11.4 -> 9.4-9.9 ms,
+// bwd 13.5-14.2 -> 12.2-12.7 ms (T1, to L2 only: the same within noise).
+template <typename T>
+void prefetch_part(const T* tile, bool nhwc, int64_t L, int64_t HW, int64_t c) {
+  const char* p = reinterpret_cast<const char*>(nhwc ? tile + c * L : tile + c * HW);
+  for (int64_t o = 0; o < L * int64_t(sizeof(T)); o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 template <typename T, typename A>
 void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t N, int64_t C,
               int64_t HW, double eps, bool x_nhwc, bool y_nhwc) {
@@ -110,7 +131,11 @@ void fwd_nchw(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_
         mo[i] = m[i];
         ro[i] = m2[i];
       }
+      const bool ahead = t + 1 < t1;
+      const T* xnext = ahead ? tile_start(x, x_nhwc, t + 1, nblk, B, C, HW) : nullptr;
+      const int64_t Lnext = ahead ? std::min(B, HW - ((t + 1) % nblk) * B) : 0;
       for (int64_t c = 0; c < C; ++c) {
+        if (ahead) prefetch_part(xnext, x_nhwc, Lnext, HW, c);
         const T* xc = xn + c * xs;
         T* yc = y_nhwc ? ybuf.data() + c * B : yn + c * HW;
         const A wc = w[c], bc = b[c];
@@ -177,7 +202,15 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
         dbp[c] += sdb;
       }
       for (int64_t i = 0; i < L; ++i) { sg[i] *= invC; sgx[i] *= invC; }
+      const bool ahead = t + 1 < t1;
+      const T* xnext = ahead ? tile_start(x, x_nhwc, t + 1, nblk, B, C, HW) : nullptr;
+      const T* dynext = ahead ? tile_start(dy, dy_nhwc, t + 1, nblk, B, C, HW) : nullptr;
+      const int64_t Lnext = ahead ? std::min(B, HW - ((t + 1) % nblk) * B) : 0;
       for (int64_t c = 0; c < C; ++c) {  // dx = rstd * (g - mean_c(g) - xhat * mean_c(g*xhat))
+        if (ahead) {
+          prefetch_part(xnext, x_nhwc, Lnext, HW, c);
+          prefetch_part(dynext, dy_nhwc, Lnext, HW, c);
+        }
         const T* xc = xt + c * xs;
         const T* dyc = dy_at(c);
         T* dxc = x_nhwc ? dxbuf.data() + c * B : dx + off + c * HW;

@@ -16,8 +16,13 @@ MAX_C = 4096        # one program holds all C channels of its block of positions
 TILE = 4096         # elements per program: BLOCK_C * BLOCK_HW (registers, not shared memory)
 
 
+@functools.cache
+def _has_triton() -> bool:  # find_spec walks sys.path: once, not on every `fused` call
+    return importlib.util.find_spec("triton") is not None
+
+
 def available(device: str = "cuda") -> tuple[bool, str]:
-    if importlib.util.find_spec("triton") is None:
+    if not _has_triton():
         return False, "triton is not installed (pip install triton)"
     if str(device).startswith("cuda"):
         if not torch.cuda.is_available():
@@ -89,12 +94,14 @@ def ln2d_triton_bwd(dy, x, weight, mean, rstd):
     dx = torch.empty_like(x, memory_format=fmt)
     bc, bhw = _blocks(C, HW)
     grid = (triton_cdiv(HW, bhw), N)
-    dwp = torch.zeros((grid[0] * N, C), device=x.device, dtype=torch.float32)
-    dbp = torch.zeros_like(dwp)
+    # one (dweight, dbias) partial row pair per program, every entry written by the kernel:
+    # empty (no memset launch) and one sum for both, since at small shapes launches dominate
+    parts = torch.empty((grid[0] * N, 2, C), device=x.device, dtype=torch.float32)
     if x.numel():
-        k.ln2d_bwd_kernel[grid](dy, x, weight, mean, rstd, dx, dwp, dbp, C, HW, *_strides(x),
+        k.ln2d_bwd_kernel[grid](dy, x, weight, mean, rstd, dx, parts, C, HW, *_strides(x),
                                 BLOCK_C=bc, BLOCK_HW=bhw)
-    return dx, dwp.sum(0).to(weight.dtype), dbp.sum(0).to(weight.dtype)
+    dw, db = parts.sum(0).to(weight.dtype).unbind(0)
+    return dx, dw, db
 
 
 def triton_cdiv(a: int, b: int) -> int:
