@@ -3,6 +3,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 
 from fusebench.cli import main
 from fusebench.errors import UsageError
@@ -127,3 +128,18 @@ def test_torchscript_compiles_the_impl_itself(tmp_path):
     bad = _cell(f"{p}:plain", modes="torchscript")
     assert bad.status == "error"
     assert "plain(Tensor x, Tensor weight, Tensor bias, Tensor eps)" in bad.error.message
+
+
+def test_cpu_copies_alternate_with_the_steps(monkeypatch):
+    """The copy a kernel's % is held to is timed in the same rounds as the kernel's steps."""
+    from fusebench.kernels import bench
+    calls = []
+    monkeypatch.setattr(bench, "_copy_fns", lambda x: {
+        k: (lambda k=k: calls.append(k)) for k in ("plain", "huge", "prealloc")})
+    x = torch.ones(4, 4)
+    steps, copies = bench.time_with_copies(lambda: calls.append("step"), None, x, 3, "cpu")
+    assert len(steps) == 3
+    assert calls[:8] == ["step", "plain", "huge", "prealloc", "step", "plain", "huge", "prealloc"]
+    assert calls.count("plain") == 5 and calls.count("step") == 3   # copies: at least 5 samples
+    assert set(copies) == {"copy_gbps", "copy_plain_gbps", "copy_huge_gbps", "copy_prealloc_gbps"}
+    assert copies["copy_gbps"] == max(copies["copy_plain_gbps"], copies["copy_huge_gbps"])

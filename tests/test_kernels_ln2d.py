@@ -223,3 +223,58 @@ def test_cpp_kernel_loads_once_per_process(monkeypatch):
     x = torch.randn(2, 8, 5, 5)
     y, mean, rstd = first.forward(x, torch.ones(8), torch.zeros(8), 1e-6, False)
     torch.testing.assert_close(y, function.ln2d_function(x, torch.ones(8), torch.zeros(8), 1e-6))
+
+
+# --- the cpu kernel as torch custom ops: traceable by aot/compile, callable from TorchScript ---
+
+def _cl(t):
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("layout, clo", [("nchw", False), ("nchw", True), ("channels_last", False),
+                                         ("strided", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_custom_ops_pass_opcheck(layout, clo, dtype):
+    """torch.library.opcheck: schema, fake (meta) outputs' shapes/strides/dtypes vs the real
+    kernel's, autograd registration, and aot_autograd tracing, for forward and backward."""
+    _impl("cpu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 5, 7, generator=g).to(dtype)
+    x = {"nchw": x, "channels_last": _cl(x), "strided": x[:, ::2]}[layout]
+    C = x.shape[1]
+    w = torch.randn(C, generator=g).to(dtype).requires_grad_()
+    b = torch.randn(C, generator=g).to(dtype).requires_grad_()
+    xg = x.detach().requires_grad_()
+    torch.library.opcheck(torch.ops.fusebench.ln2d_cpu_forward, (xg, w, b, 1e-6, clo))
+    y, mean, rstd = torch.ops.fusebench.ln2d_cpu_forward(x, w.detach(), b.detach(), 1e-6, clo)
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    torch.library.opcheck(torch.ops.fusebench.ln2d_cpu_backward, (dy, x, mean, rstd, w.detach()))
+
+
+def test_cpu_kernel_inside_compiled_graph_without_breaks():
+    """fullgraph=True fails on any graph break: the op must be traced, and must be in the graph."""
+    fn = _impl("cpu")
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(str(gm.graph))
+        return gm.forward
+
+    compiled = torch.compile(lambda x, w, b: fn(x, w, b, 1e-6), backend=backend, fullgraph=True)
+    x = torch.randn(2, 8, 5, 7)
+    assert_close(run_and_compare(lambda x, w, b, eps: compiled(x, w, b), x), TOL[torch.float32])
+    assert any("fusebench.ln2d_cpu_forward" in g for g in seen), seen
+
+
+def test_cpu_kernel_runs_inside_torchscript():
+    fn = _impl("cpu")
+
+    class M(torch.nn.Module):
+        def forward(self, x, w, b):
+            return fn(x, w, b, 1e-6)
+
+    scripted = torch.jit.script(M())
+    assert "fusebench::ln2d_cpu_forward" in str(scripted.inlined_graph)
+    x = torch.randn(2, 8, 5, 7)
+    assert_close(run_and_compare(lambda x, w, b, eps: scripted(x, w, b), x), TOL[torch.float32])
