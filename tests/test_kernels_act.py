@@ -259,3 +259,55 @@ def test_cli_silu_all_json(capsys):
     assert by_impl["function"]["status"] == "ok" and by_impl["eager"]["status"] == "ok"
     assert by_impl["naive"]["activation_bytes"] == 2 * by_impl["function"]["activation_bytes"]
     assert code == 0
+
+
+# --- the cpu kernels as torch custom ops: traceable by aot_autograd and torch.compile ---
+
+_OPS = {"silu": ("silu_cpu_forward", "silu_cpu_backward"),
+        "se_gate": ("se_gate_cpu_forward", "se_gate_cpu_backward"),
+        "bias_gelu": ("bias_gelu_cpu_forward", "bias_gelu_cpu_backward")}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_custom_ops_pass_opcheck(family, layout, dtype):
+    """torch.library.opcheck: schema, fake outputs (shape/strides/dtype) vs the kernel's,
+    autograd registration and aot_autograd tracing, forward and backward."""
+    _impl(family, "cpu")
+    g = torch.Generator().manual_seed(0)
+    x = _layout(torch.randn(2, 6, 5, 7, generator=g), layout).to(dtype)
+    extra = {"silu": [], "se_gate": [torch.randn(2, 6, 1, 1, generator=g).to(dtype)],
+             "bias_gelu": [torch.randn(6, generator=g).to(dtype), True]}[family]
+    fwd, bwd = (getattr(torch.ops.fusebench, n) for n in _OPS[family])
+    grad_args = [x.requires_grad_(), *[a.requires_grad_() if torch.is_tensor(a) else a
+                                       for a in extra]]
+    torch.library.opcheck(fwd, tuple(grad_args))
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    torch.library.opcheck(bwd, (dy, x.detach(), *[a.detach() if torch.is_tensor(a) else a
+                                                   for a in extra]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cpu_kernel_inside_compiled_graph_without_breaks(family):
+    """fullgraph=True fails on any graph break; the op must be in the traced graph."""
+    fn = _impl(family, "cpu")
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(str(gm.graph))
+        return gm.forward
+
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    errs = run_and_compare(family, compiled, torch.randn(2, 6, 5, 7))
+    assert_close(errs, 1e-4)
+    assert any(f"fusebench.{_OPS[family][0]}" in s for s in seen), seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cpu_kernel_runs_inside_torchscript(family):
+    fn = _impl(family, "cpu")
+    scripted = torch.jit.script(fn)
+    assert f"fusebench::{_OPS[family][0]}" in str(scripted.graph)
+    assert_close(run_and_compare(family, scripted, torch.randn(2, 6, 5, 7)), 1e-4)
