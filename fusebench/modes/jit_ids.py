@@ -22,10 +22,6 @@ import torch
 _KEPT: list = []           # ops whose ids torch.jit remembers; never freed
 
 
-def kept() -> int:
-    return len(_KEPT)
-
-
 def _keep(op) -> None:
     if op is not None:
         _KEPT.append(op)
