@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
 import typer
 
 from fusebench.errors import UsageError
@@ -31,14 +30,12 @@ def _register_all() -> None:
 
 _register_all()
 
-# typer >= 0.2x raises its own vendored copy of click's exceptions, not click's: catch both.
-try:
-    from typer._click import exceptions as _typer_click
-    _CLICK_USAGE = (click.exceptions.UsageError, _typer_click.UsageError)
-except ImportError:
-    _CLICK_USAGE = (click.exceptions.UsageError,)
-_ABORT = (click.exceptions.Abort, typer.Abort)
-_EXIT = (click.exceptions.Exit, typer.Exit)
+# typer < 0.29 raises click's exceptions (click is then typer's own dependency); typer >= 0.29
+# vendors click as typer._click and no longer installs it. We import neither directly: the
+# usage-error class is found on typer.BadParameter's MRO, which is the right one either way.
+_CLICK_USAGE = tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_ABORT = (typer.Abort,)   # click's Abort itself on typer < 0.29, typer's own class after
+_EXIT = (typer.Exit,)
 
 
 def _line(text: str) -> str:
