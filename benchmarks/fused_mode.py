@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from fusebench.runner import RunOptions, run_one
+from fusebench.run.runner import RunOptions, run_one
 from fusebench.spec import CellSpec
 
 MODES = ("eager", "fused", "compile")

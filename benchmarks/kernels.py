@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from fusebench.kernels.bench import KernelRequest, plan_kernel, run_cell
+from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
 
 
 def measure(impls: str, shape: str, device: str, steps: int) -> dict[str, dict]:

@@ -3,7 +3,7 @@ on cells whose own work is ~nothing (tiny model, eager, 1 step, no check). Targe
 2 CPUs. Both launch paths are measured in one run:
   - fork server (default): cells fork from a warm parent; its one-time start is paid by the
     first cell of a run and reported separately;
-  - plain (FUSEBENCH_FORKSERVER=0): `python -m fusebench.worker` per cell.
+  - plain (FUSEBENCH_FORKSERVER=0): `python -m fusebench.cell.worker` per cell.
     python benchmarks/overhead.py [--reps 5]"""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from fusebench import forkserver
-from fusebench.runner import run_one
+from fusebench.run import forkserver
+from fusebench.run.runner import run_one
 from fusebench.spec import CellSpec
 
 TARGET_S = 3.0

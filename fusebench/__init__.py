@@ -3,8 +3,8 @@ __version__ = "0.1.0"
 
 
 def load_results(paths):
-    """Results files -> pandas.DataFrame, one row per record (see fusebench.frame)."""
-    from fusebench.frame import load_results as _load
+    """Results files -> pandas.DataFrame, one row per record (see fusebench.results.frame)."""
+    from fusebench.results.frame import load_results as _load
     return _load(paths)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fusebench.results import new_document, save
+from fusebench.results.document import new_document, save
 from fusebench.spec import Correctness, Event, Record, StepStats
 
 FAKE_ENV: dict[str, Any] = {

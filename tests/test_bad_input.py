@@ -55,9 +55,9 @@ def no_workers():
     def tripwire(*a, **k):
         raise WorkerStarted("bad input got past planning: a run was about to start")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fusebench.session._env", tripwire)
-        mp.setattr("fusebench.session.run_cells", tripwire)
-        mp.setattr("fusebench.runner._Worker", tripwire)
+        mp.setattr("fusebench.run.session._env", tripwire)
+        mp.setattr("fusebench.run.session.run_cells", tripwire)
+        mp.setattr("fusebench.run.runner._Worker", tripwire)
         yield
 
 
@@ -272,7 +272,7 @@ def test_factory_that_raises_at_build_is_a_cell_error_not_a_usage_error():
     """Documented boundary: resolving the file is planning (exit 2); *calling* the factory is
     the cell's job, so raising_factory passes planning and becomes an `error` record (tested in
     test_runner.test_factory_error_is_an_error_record)."""
-    from fusebench.plan import RunRequest, plan_run
+    from fusebench.run.plan import RunRequest, plan_run
     from tests.helpers import RAISING
     specs = plan_run(RunRequest(models=RAISING, modes="eager", batch_sizes="2"))
     assert [s.model for s in specs] == [RAISING]

@@ -8,7 +8,7 @@ import sys
 from typer.testing import CliRunner
 
 from fusebench.cli import app, main
-from fusebench.results import load
+from fusebench.results.document import load
 from tests.helpers import TINY, with_fault_modes
 
 runner = CliRunner()
@@ -86,7 +86,7 @@ def test_real_subprocess_json(tmp_path):
 
 
 def test_cells_carry_only_their_modes_non_default_options():
-    from fusebench.plan import RunRequest, plan_run
+    from fusebench.run.plan import RunRequest, plan_run
     specs = plan_run(RunRequest(models=TINY, modes="eager,torchscript,aot",
                                 mode_options={"ts_fuser": "none", "aot_compiler": "nop",
                                               "compile_backend": "inductor"}))

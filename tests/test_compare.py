@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from factories import fake_env, kernel_record, model_record, modes_run, samples, write_results
-from fusebench import stats
+from fusebench.results import stats
 from fusebench.cli import app
-from fusebench.compare import compare_files
+from fusebench.results.compare import compare_files
 
 runner = CliRunner()
 

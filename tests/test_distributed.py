@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fusebench.distributed import DistSettings, aggregate, launch_command, validate
+from fusebench.run.distributed import DistSettings, aggregate, launch_command, validate
 from fusebench.errors import UsageError
-from fusebench.kernels.fuser import (FusedKernel, FusedModule, _split, bind_act, fuse,
+from fusebench.fuse.fuser import (FusedKernel, FusedModule, _split, bind_act, fuse,
                                      se_gate_kernel)
 from fusebench.models.layers import ConvMlp, SqueezeExcite
 from fusebench.spec import CellSpec, Correctness, Record, StepStats
@@ -82,7 +82,7 @@ def _step(model, fn) -> None:
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fusebench.distributed import RankRun
+    from fusebench.run.distributed import RankRun
     from fusebench.measure.events import EventLog
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD)
@@ -174,7 +174,7 @@ def test_bad_dist_values_are_usage_errors(kw, msg):
 
 
 def test_plan_puts_dist_settings_into_the_spec():
-    from fusebench.plan import RunRequest, plan_run
+    from fusebench.run.plan import RunRequest, plan_run
     specs = plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu",
                                 dist="fsdp1", nproc=2))
     extra = dict(specs[0].extra)
@@ -221,7 +221,7 @@ def test_aggregate_sums_throughput_and_keeps_per_rank_medians():
 
 
 def test_modes_that_cannot_work_under_a_wrapper_are_unavailable_without_launch():
-    from fusebench.runner import run_one
+    from fusebench.run.runner import run_one
     d = validate("fsdp2", 2)
     rec = run_one(CellSpec(model="m", mode="torchscript", extra=d.to_extra()))
     assert rec.status == "unavailable" and "fsdp2" in rec.error.message
@@ -231,7 +231,7 @@ def test_modes_that_cannot_work_under_a_wrapper_are_unavailable_without_launch()
 @pytest.mark.slow
 def test_fused_cell_under_fsdp1_via_torchrun():
     """One real torchrun launch through the runner: 2 ranks, fused mode, FSDP1."""
-    from fusebench.runner import run_one
+    from fusebench.run.runner import run_one
     d = validate("fsdp1", 2)
     spec = CellSpec(model="convnext_atto", mode="fused", batch_size=2, img_size=32, warmup=1,
                     steps=2, timeout=300.0, extra=d.to_extra())

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from factories import fake_env
-from fusebench import env as E
+from fusebench.results import env as E
 from fusebench.cli import app
 from fusebench.measure.telemetry import GpuTelemetry, throttle_reason_names
 

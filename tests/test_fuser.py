@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fusebench.kernels import fuser
-from fusebench.kernels.fuser import FusedModule, fuse
+from fusebench.fuse import fuser
+from fusebench.fuse.fuser import FusedModule, fuse
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import SavedTensorBytes

@@ -7,7 +7,7 @@ import torch
 
 from fusebench.cli import main
 from fusebench.errors import UsageError
-from fusebench.kernels.bench import KernelRequest, plan_kernel, run_cell
+from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
 
 SHAPE = "2,5,6,7"
 
@@ -132,7 +132,7 @@ def test_torchscript_compiles_the_impl_itself(tmp_path):
 
 def test_cpu_copies_alternate_with_the_steps(monkeypatch):
     """The copy a kernel's % is held to is timed in the same rounds as the kernel's steps."""
-    from fusebench.kernels import bench
+    from fusebench.cell import kernel_cell as bench
     calls = []
     monkeypatch.setattr(bench, "_copy_fns", lambda x: {
         k: (lambda k=k: calls.append(k)) for k in ("plain", "huge", "prealloc")})

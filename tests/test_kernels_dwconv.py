@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.dwconv import cpu
-from fusebench.kernels.fuser import FusedDepthwiseConv, fuse
+from fusebench.fuse.fuser import FusedDepthwiseConv, fuse
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -101,7 +101,7 @@ def test_failed_save_leaves_nothing(files, tmp_path, monkeypatch):
     def boom(self, *a, **k):
         raise OSError("disk full")
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", boom)
-    from fusebench.plot import plot_files
+    from fusebench.render.plot import plot_files
     with pytest.raises(OSError):
         plot_files([files["run"]], "speedup", tmp_path / "x.png")
     assert list(tmp_path.iterdir()) == []
@@ -119,5 +119,5 @@ def test_all_records_failed_is_usage_error(tmp_path):
 def test_uses_agg_backend():
     import matplotlib
 
-    import fusebench.plot  # noqa: F401
+    import fusebench.render.plot  # noqa: F401
     assert matplotlib.get_backend().lower() == "agg"

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fusebench.results import ResultsWriter, load, save, write_atomic
+from fusebench.results.document import ResultsWriter, load, save, write_atomic
 from fusebench.spec import Correctness, ErrorInfo, Record
 from tests.helpers import ASSETS, FAULT_PLUGIN, TINY, tiny_spec
 
@@ -65,7 +65,7 @@ def test_sigkill_during_writes_never_leaves_a_corrupt_file(tmp_path):
     always loads (old or new version)."""
     path = tmp_path / "r.json"
     save(_doc(1), path)
-    code = ("import sys\nfrom fusebench.results import save\n"
+    code = ("import sys\nfrom fusebench.results.document import save\n"
             "from tests.test_reliability import _doc\n"
             "i = 0\n"
             "while True:\n"
@@ -103,12 +103,12 @@ class CliRun:
         try:
             for c in psutil.Process(self.proc.pid).children(recursive=True):
                 cmd = " ".join(c.cmdline())
-                # a cell runs as `fusebench.worker`, or as a fork of the fork server (same
+                # a cell runs as `fusebench.cell.worker`, or as a fork of the fork server (same
                 # cmdline as its parent); the server itself must not outlive the run either
-                if "fusebench.worker" in cmd or "fusebench.forkserver" in cmd:
+                if "fusebench.cell.worker" in cmd or "fusebench.run.forkserver" in cmd:
                     self.workers[c.pid] = c
-                    running_cell |= "fusebench.worker" in cmd or \
-                        "fusebench.forkserver" in " ".join(c.parent().cmdline())
+                    running_cell |= "fusebench.cell.worker" in cmd or \
+                        "fusebench.run.forkserver" in " ".join(c.parent().cmdline())
         except psutil.Error:
             pass
         return self.saved() == 1 and running_cell   # 1st saved, 2nd running
@@ -189,7 +189,7 @@ def test_crash_only_in_compile_costs_one_cell_each(tmp_path, monkeypatch):
     """A real SIGSEGV and a SIGABRT while the model is being compiled (only when the options
     say so), an illegal-memory-access error (never retried): every cell is recorded, saved, and
     the failing ones get repro scripts through the real session path."""
-    from fusebench.session import execute
+    from fusebench.run.session import execute
     with_all_fault_modes(monkeypatch)
     inductor, eager_backend = (("compile_backend", "inductor"),), (("compile_backend", "eager"),)
     specs = [tiny_spec(mode="test_segv_compile", mode_options=inductor),
@@ -239,7 +239,7 @@ def _failing_records():
 
 
 def test_repro_scripts_are_written_named_and_pointed_at(tmp_path, monkeypatch):
-    from fusebench.repro import write_repros
+    from fusebench.run.repro import write_repros
     monkeypatch.setenv("FUSEBENCH_PLUGINS", PLUGINS)
     path = tmp_path / "run.json"
     writer = ResultsWriter(path, {})
@@ -268,7 +268,7 @@ def test_repro_scripts_are_written_named_and_pointed_at(tmp_path, monkeypatch):
 def test_repro_scripts_reproduce_planted_failures_with_plain_python(tmp_path, monkeypatch):
     """Mismatch, error and segfault: each script, run with plain `python` from another folder
     and without FUSEBENCH_PLUGINS set, fails the same way."""
-    from fusebench.repro import write_repros
+    from fusebench.run.repro import write_repros
     monkeypatch.setenv("FUSEBENCH_PLUGINS", PLUGINS)
     writer = ResultsWriter(tmp_path / "run.json", {})
     recs = _failing_records()

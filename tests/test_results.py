@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fusebench.errors import UsageError
-from fusebench.results import ResultsWriter, load, new_document, save
+from fusebench.results.document import ResultsWriter, load, new_document, save
 from fusebench.spec import CellSpec, Correctness, Event, Record, StepStats
 
 

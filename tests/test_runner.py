@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from fusebench.results import ResultsWriter, load
-from fusebench.runner import RunOptions, decay_batch, run_cells, run_one
+from fusebench.results.document import ResultsWriter, load
+from fusebench.run.runner import RunOptions, decay_batch, run_cells, run_one
 from tests.helpers import GRAPH_BREAK, RAISING, WARNING, tiny_spec, with_fault_modes
 
 

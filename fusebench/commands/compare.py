@@ -43,8 +43,8 @@ def compare(
              "no change (or, across runs, a cell that was ok now fails).")] = None,
 ) -> None:
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
-    from fusebench.compare import compare_files
-    from fusebench.report_compare import TEXT_RENDERERS, render_table
+    from fusebench.results.compare import compare_files
+    from fusebench.render.compare_table import TEXT_RENDERERS, render_table
 
     cmp = compare_files(files, metric.value, baseline, fail_on_regression)
     err = Console(stderr=True)

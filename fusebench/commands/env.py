@@ -106,7 +106,7 @@ def env(
     device: Annotated[str, typer.Option(help="Device to check availability for.")] = "cpu",
 ) -> None:
     """Show what this machine and torch build can do: the metadata every results file embeds."""
-    from fusebench.env import collect_env
+    from fusebench.results.env import collect_env
 
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got '{device}'")

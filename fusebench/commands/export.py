@@ -25,8 +25,8 @@ def export(
         "--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
 ) -> None:
     """Export records (one row each, env columns prefixed env.) as CSV or a markdown table."""
-    from fusebench.frame import EXPORTERS, load_results
-    from fusebench.results import write_atomic
+    from fusebench.results.frame import EXPORTERS, load_results
+    from fusebench.results.document import write_atomic
 
     text = EXPORTERS[fmt.value](load_results(files))
     if output is None:

@@ -26,7 +26,7 @@ class Dtype(str, Enum):
 
 
 def kernel_table(records, title: str = "fusebench kernel") -> Table:
-    from fusebench.report import STATUS_STYLE, short_model
+    from fusebench.render.run_table import STATUS_STYLE, short_model
     t = Table(title=title, title_justify="left")
     for col in ("impl", "mode", "shape", "dir", "status", "ms (median ± IQR)", "GB/s",
                 "% of copy", "saved MB", "max err"):
@@ -78,10 +78,10 @@ def kernel(
                                                           "on stdout.")] = False,
 ):
     """Time kernel impls side by side: GB/s, % of copy bandwidth, saved bytes, correctness."""
-    from fusebench.kernels.bench import KernelRequest, plan_kernel
-    from fusebench.plan import resolve_device
-    from fusebench.report import print_details
-    from fusebench.session import execute
+    from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
+    from fusebench.run.plan import resolve_device
+    from fusebench.render.run_table import print_details
+    from fusebench.run.session import execute
 
     req = KernelRequest(family=family, impls=impl, shapes=tuple(shape) if shape else None,
                         sweep=sweep, dtype=dtype.value, channels_last=channels_last,

@@ -27,7 +27,7 @@ def plot(
         Path("fusebench.png"),
 ) -> None:
     """Plot speedup (with CIs), throughput, memory or a sweep; headless, env in a footnote."""
-    from fusebench.plot import plot_files
+    from fusebench.render.plot import plot_files
 
     out = plot_files(files, kind.value, output)
     print(f"wrote {out}", file=sys.stderr)

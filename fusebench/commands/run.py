@@ -114,8 +114,8 @@ def run(
                                                           "on stdout.")] = False,
 ):
     """Benchmark MODEL in every requested mode, one isolated worker process per cell."""
-    from fusebench.plan import RunRequest, plan_run
-    from fusebench.session import execute
+    from fusebench.run.plan import RunRequest, plan_run
+    from fusebench.run.session import execute
 
     req = RunRequest(
         models=model, modes=mode, bench=bench.value, batch_sizes=batch_size, img_sizes=img_size,

@@ -12,7 +12,7 @@ import psutil
 import torch
 import torch.nn as nn
 
-from fusebench.distributed import RankRun
+from fusebench.run.distributed import RankRun
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import PeakMemory, SavedTensorBytes

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from fusebench.results import load
+from fusebench.results.document import load
 
 # Columns of the compact (markdown) export, in this order, when present.
 SUMMARY_COLUMNS = ("model", "mode", "impl", "bench", "batch_size", "img_size", "channels_last",
@@ -106,7 +106,7 @@ def _fmt(v: Any) -> str:
 
 def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
-    from fusebench.report_compare import markdown_table
+    from fusebench.render.compare_table import markdown_table
 
     cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
     if df.empty or not cols:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusebench import distributed, forkserver
+from fusebench.run import distributed
+from fusebench.run import forkserver
 from fusebench.spec import CellSpec, ErrorInfo, Record
-from fusebench.worker import PHASE_PREFIX
+from fusebench.cell.worker import PHASE_PREFIX
 
 STDERR_TAIL_LINES = 40
 KILL_GRACE_S = 3.0   # SIGTERM first, so a worker can flush; then SIGKILL the whole group
@@ -59,7 +60,7 @@ class _Worker:
                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                "TRITON_CACHE_DIR": str(cache / "triton")}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        cmd = [sys.executable, "-m", "fusebench.worker", str(self.spec_path), str(self.out_path)]
+        cmd = [sys.executable, "-m", "fusebench.cell.worker", str(self.spec_path), str(self.out_path)]
         self.dist = distributed.DistSettings.from_spec(spec)
         if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
             cmd = distributed.launch_command(self.dist, self.spec_path, self.out_path)
@@ -183,7 +184,7 @@ def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptio
     """Run every cell in order. Each finished record is appended to `writer` at once (so an
     interrupted run keeps what finished); KeyboardInterrupt propagates after the running
     worker's process group is killed."""
-    from fusebench.progress import CellProgress
+    from fusebench.run.progress import CellProgress
     records: list[Record] = []
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):

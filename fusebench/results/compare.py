@@ -3,7 +3,7 @@
 A *cell* is a configuration (model, bench, batch, image size, layout, dtype, device, kernel shape,
 ...). A *variant* is what is being compared inside a cell: the mode (or kernel impl). One file:
 variants of each cell against the baseline mode. Several files: each (cell, variant) across the
-runs, against the baseline file. Rendering lives in report_compare.py.
+runs, against the baseline file. Rendering lives in render/compare_table.py.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fusebench import stats
-from fusebench.env import env_differences
+from fusebench.results import stats
+from fusebench.results.env import env_differences
 from fusebench.errors import UsageError
-from fusebench.results import load
+from fusebench.results.document import load
 from fusebench.spec import Record
 
 
@@ -341,7 +341,7 @@ def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
                   baseline: str | None = None, fail_pct: float | None = None) -> Comparison:
     """The whole compare command minus rendering. baseline: a mode (one file) or a file
     (several files; one of the given files, or an extra file to compare them against)."""
-    from fusebench.env import env_summary
+    from fusebench.results.env import env_summary
 
     m = get_metric(metric)
     if fail_pct is not None and (math.isnan(fail_pct) or fail_pct < 0):

@@ -1,4 +1,4 @@
-"""Runs exactly one cell: `python -m fusebench.worker SPEC.json OUT.json`.
+"""Runs exactly one cell: `python -m fusebench.cell.worker SPEC.json OUT.json`.
 
 Speaks JSON only: spec in from a file, record out to a file (stdout carries phase lines for the
 progress display; anything a model prints there is ignored). Every failure it can see becomes a
@@ -17,7 +17,7 @@ import traceback
 PHASE_PREFIX = "@@fusebench-phase "
 
 # kind -> module with run_cell(spec, phase) -> Record
-CELL_RUNNERS = {"model": "fusebench.model_cell", "kernel": "fusebench.kernels.bench"}
+CELL_RUNNERS = {"model": "fusebench.cell.model_cell", "kernel": "fusebench.cell.kernel_cell"}
 
 
 def phase(name: str) -> None:
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     with open(spec_path) as f:
         spec_dict = json.load(f)
     record = run(spec_dict)
-    from fusebench.results import write_atomic
+    from fusebench.results.document import write_atomic
     write_atomic(out_path, json.dumps(record, allow_nan=False))
     sys.stdout.flush()
     sys.stderr.flush()

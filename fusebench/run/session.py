@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from fusebench.errors import UsageError
-from fusebench.repro import write_repros
-from fusebench.results import ResultsWriter, default_path, dumps
-from fusebench.runner import RunOptions, run_cells
+from fusebench.run.repro import write_repros
+from fusebench.results.document import ResultsWriter, default_path, dumps
+from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
 
 EXIT_OK, EXIT_NOT_OK, EXIT_INTERRUPTED = 0, 1, 130
@@ -34,14 +34,14 @@ def check_writable(folder: Path) -> None:
 
 
 def _env() -> dict:
-    from fusebench.env import collect_env
+    from fusebench.results.env import collect_env
     return collect_env()
 
 
 def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out: bool,
             warm_cache: bool = False, retry_oom: bool = True, argv=None, table=None,
             details=None) -> int:
-    from fusebench.report import make_console, print_details, run_table, short_model
+    from fusebench.render.run_table import make_console, print_details, run_table, short_model
     table = table or run_table
     details = details or print_details
     # With --json, stdout carries only the document; everything for people goes to stderr.

@@ -80,7 +80,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
     from fusebench.models.source import coerce_kwargs, resolve_model
     from fusebench.modes import MODES, list_modes
     from fusebench.modes.options import check_option_values
-    from fusebench.distributed import validate as validate_dist
+    from fusebench.run.distributed import validate as validate_dist
     from fusebench.plugins import load_plugins
 
     load_plugins()

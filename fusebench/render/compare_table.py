@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fusebench.compare import Comparison, Row
+from fusebench.results.compare import Comparison, Row
 
 
 def _one_config(cmp: Comparison) -> str | None:

@@ -1,7 +1,7 @@
 """Distributed cells: torchrun launch, DDP / FSDP1 / FSDP2 wrapping, one aggregated record.
 
 Coordinator side (runner): `launch_command` starts `python -m torch.distributed.run ... -m
-fusebench.distributed SPEC OUT`; every rank writes OUT with a `.rankR` suffix and its pid file;
+fusebench.run.distributed SPEC OUT`; every rank writes OUT with a `.rankR` suffix and its pid file;
 `collect` turns the rank files into one Record with `world_size`, global samples/s and per-rank
 step medians.
 
@@ -127,7 +127,7 @@ def launch_command(d: DistSettings, spec_path: Path, out_path: Path) -> list[str
     endpoint = d.rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={d.nproc}",
             f"--nnodes={d.nnodes}", f"--node-rank={d.node_rank}", f"--rdzv-endpoint={endpoint}",
-            "--max-restarts=0", "-m", "fusebench.distributed", str(spec_path), str(out_path)]
+            "--max-restarts=0", "-m", "fusebench.run.distributed", str(spec_path), str(out_path)]
 
 
 def launch_env(d: DistSettings, env: dict[str, str]) -> dict[str, str]:
@@ -278,7 +278,7 @@ class RankRun:
             return None
         if not dist.is_initialized():
             raise RuntimeError("a distributed cell must run under torchrun (python -m "
-                               "fusebench.distributed), not python -m fusebench.worker")
+                               "fusebench.run.distributed), not python -m fusebench.cell.worker")
         return cls(d)
 
     def supports(self, mode: str) -> tuple[bool, str]:
@@ -343,9 +343,9 @@ def _summary(rec: dict, rank: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """One rank: `torchrun ... -m fusebench.distributed SPEC OUT`. Writes OUT.rankR.json."""
-    from fusebench import worker
-    from fusebench.results import write_atomic
+    """One rank: `torchrun ... -m fusebench.run.distributed SPEC OUT`. Writes OUT.rankR.json."""
+    from fusebench.cell import worker
+    from fusebench.results.document import write_atomic
 
     spec_path, out_path = Path(argv[1]), Path(argv[2])
     env = RankEnv.from_env()

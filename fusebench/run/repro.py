@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fusebench.results import ResultsWriter, save, write_atomic
+from fusebench.results.document import ResultsWriter, save, write_atomic
 
 REPRO_STATUSES = ("error", "crashed", "timeout", "mismatch")
 _HEADER = "# fusebench repro for results document: "
@@ -201,7 +201,7 @@ def main() -> int:
     import importlib
     from fusebench.plugins import load_plugins
     from fusebench.spec import CellSpec
-    from fusebench.worker import CELL_RUNNERS
+    from fusebench.cell.worker import CELL_RUNNERS
 
     spec = CellSpec.from_dict(SPEC)
     load_plugins()

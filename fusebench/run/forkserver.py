@@ -8,7 +8,7 @@ Protocol on the server's stdin/stdout, one JSON object per line:
   runner -> server  {"spec": path, "out": path, "stdout": path, "stderr": path, "env": {...}}
   server -> runner  {"pid": N}                 after the fork
   server -> runner  {"pid": N, "rc": code}     when the child has ended (negative: signal)
-FUSEBENCH_FORKSERVER=0 turns it off (every cell then starts `python -m fusebench.worker`)."""
+FUSEBENCH_FORKSERVER=0 turns it off (every cell then starts `python -m fusebench.cell.worker`)."""
 from __future__ import annotations
 
 import atexit
@@ -22,8 +22,8 @@ import threading
 import time
 import traceback
 
-WARM_IMPORTS = ("torch", "torch._dynamo", "torch.utils.flop_counter", "fusebench.worker",
-                "fusebench.model_cell", "fusebench.kernels.bench")
+WARM_IMPORTS = ("torch", "torch._dynamo", "torch.utils.flop_counter", "fusebench.cell.worker",
+                "fusebench.cell.model_cell", "fusebench.cell.kernel_cell")
 
 
 def enabled() -> bool:
@@ -46,8 +46,8 @@ def _child(req: dict) -> None:
             os.close(new)
         os.environ.clear()                           # the runner's environment of now
         os.environ.update(req["env"])
-        sys.argv = ["fusebench.worker", req["spec"], req["out"]]
-        from fusebench.worker import main
+        sys.argv = ["fusebench.cell.worker", req["spec"], req["out"]]
+        from fusebench.cell.worker import main
         main(sys.argv)                               # ends with os._exit(0)
     except BaseException:
         traceback.print_exc()
@@ -169,7 +169,7 @@ class ForkServer:
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fusebench.forkserver"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "fusebench.run.forkserver"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._lines: queue.Queue[dict | None] = queue.Queue()

@@ -16,10 +16,10 @@ matplotlib.use("Agg")  # headless: no display on benchmark machines; set before 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fusebench import compare as C  # noqa: E402
-from fusebench.env import env_differences, env_summary  # noqa: E402
+from fusebench.results import compare as C  # noqa: E402
+from fusebench.results.env import env_differences, env_summary  # noqa: E402
 from fusebench.errors import UsageError  # noqa: E402
-from fusebench.report import short_model  # noqa: E402
+from fusebench.render.run_table import short_model  # noqa: E402
 from fusebench.spec import Record  # noqa: E402
 
 FORMATS = (".png", ".svg", ".pdf")

@@ -1,0 +1,1 @@
+"""The worker side: everything that runs inside one cell's process."""

@@ -1,0 +1,1 @@
+"""The fuser: the only package that knows both models and kernels."""

@@ -1,0 +1,1 @@
+"""Tables and plots: what a person reads."""

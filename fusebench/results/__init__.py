@@ -1,0 +1,1 @@
+"""Results documents (versioned), environment metadata, frames, statistics, compare."""
