@@ -361,3 +361,28 @@ def test_info_bad_input_is_one_line_exit_2(args, msg):
     assert msg in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.output
+
+
+# torch 2.13's own convolution_backward formula ignores groups in grad_weight; ours must not.
+@pytest.mark.parametrize("groups", [1, 2, 8], ids=["dense", "grouped", "depthwise"])
+@pytest.mark.parametrize("input_grad", [True, False], ids=["dx+dw", "dw-only"])
+def test_train_step_flops_count_grouped_conv_backward_by_hand(groups, input_grad):
+    from fusebench.measure.flops import step_flops
+    n, c_in, c_out, k, hw = 2, 8, 16, 3, 5
+    conv = torch.nn.Conv2d(c_in, c_out, k, padding=1, groups=groups, bias=False)
+    x = torch.randn(n, c_in, hw, hw, requires_grad=input_grad)
+    # one multiply-add per (output element, input channel of its group, kernel tap)
+    fwd_by_hand = 2 * n * c_out * hw * hw * (c_in // groups) * k * k
+    fwd, total = step_flops(lambda: conv(x).sum(), lambda loss: loss.backward())
+    assert fwd == fwd_by_hand
+    # backward = one forward's worth for grad_weight, and one more for grad_input if asked
+    assert total == fwd_by_hand * (3 if input_grad else 2)
+
+
+def test_convnext_train_step_flops_near_three_forwards():
+    from fusebench.measure.flops import step_flops
+    model = get_model_info("convnext_atto").factory().eval()
+    x = torch.randn(1, 3, 64, 64)
+    fwd, total = step_flops(lambda: model(x).sum(), lambda loss: loss.backward())
+    # the stem conv's input needs no gradient, so slightly under 3x; torch's formula gave ~8x
+    assert 2.8 * fwd < total <= 3.0 * fwd

@@ -263,17 +263,17 @@ def warnings_silenced():
 
 
 def _flops(model, x, target, train, autocast) -> tuple[float | None, float | None]:
-    """Forward GFLOPs per sample and GFLOP per step (fwd+bwd for train), counted by
-    torch.utils.flop_counter on an eager copy (mode-independent by definition)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """Forward GFLOPs per sample and GFLOP per step (fwd+bwd for train), counted on an eager
+    copy (mode-independent by definition)."""
+    from fusebench.measure.flops import step_flops
     m = copy.deepcopy(model)
-    try:
-        with FlopCounterMode(display=False) as fc, autocast():
+
+    def forward():
+        with autocast():
             out = _first_tensor(m(x))
-            fwd = fc.get_total_flops()
-            if train:
-                _loss(out, target).backward()
-        total = fc.get_total_flops()
+            return _loss(out, target) if train else out
+    try:
+        fwd, total = step_flops(forward, (lambda loss: loss.backward()) if train else None)
     except Exception:  # flop counting is informational; a model it cannot trace still benches
         return None, None
     finally:
