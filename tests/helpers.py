@@ -9,6 +9,7 @@ TINY = f"{ASSETS / 'tiny_models.py'}:tiny_cnn"
 GRAPH_BREAK = f"{ASSETS / 'tiny_models.py'}:graph_break_cnn"
 WARNING = f"{ASSETS / 'tiny_models.py'}:warning_cnn"
 RAISING = f"{ASSETS / 'tiny_models.py'}:raising_factory"
+SPAWNING = f"{ASSETS / 'tiny_models.py'}:spawning_cnn"
 FAULT_PLUGIN = str(ASSETS / "fault_modes.py")
 
 

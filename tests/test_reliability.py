@@ -142,32 +142,37 @@ def _wait_all(runs: list[CliRun], timeout: float = 240.0) -> None:
         time.sleep(0.3)
 
 
-def test_ctrl_c_and_sigkill_keep_finished_cells_and_leave_no_orphans(tmp_path):
-    """Two real runs side by side (import torch costs seconds): one gets Ctrl-C (SIGINT), the
-    other SIGKILL, both while their 2nd cell hangs."""
-    intr, killed = CliRun(tmp_path, "intr"), CliRun(tmp_path, "killed")
-    try:
-        _wait_all([intr, killed])
-        os.kill(intr.proc.pid, signal.SIGINT)
-        os.kill(killed.proc.pid, signal.SIGKILL)
-        assert intr.proc.wait(60) == 130
-        assert killed.proc.wait(60) == -signal.SIGKILL
+def _assert_stopped_like_ctrl_c(run: CliRun, rc: int, word: str) -> None:
+    assert run.proc.wait(60) == rc
+    # the finished cell is in a valid document, the table so far is printed
+    doc = run.doc()
+    assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
+    out = run.log_out.read_text()
+    assert "fusebench run" in out and "eager" in out
+    assert f"{word}: 1 of 2 cells finished and saved" in out
+    assert "Traceback" not in run.log_err.read_text()
+    # ... and the running worker was terminated with its process group: no orphan
+    assert run.workers
+    deadline = time.monotonic() + 20         # the fork server exits with its runner
+    while run.alive_workers() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not any("fusebench" in " ".join(p.cmdline())
+                   for p in psutil.process_iter() if p.pid in run.workers
+                   and p.status() != psutil.STATUS_ZOMBIE)
 
-        # Ctrl-C: the finished cell is in a valid document, the table so far is printed
-        doc = intr.doc()
-        assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
-        out = intr.log_out.read_text()
-        assert "fusebench run" in out and "eager" in out
-        assert "interrupted: 1 of 2 cells finished and saved" in out
-        assert "Traceback" not in intr.log_err.read_text()
-        # ... and the running worker was terminated with its process group: no orphan
-        assert intr.workers
-        deadline = time.monotonic() + 20         # the fork server exits with its runner
-        while intr.alive_workers() and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert not any("fusebench" in " ".join(p.cmdline())
-                       for p in psutil.process_iter() if p.pid in intr.workers
-                       and p.status() != psutil.STATUS_ZOMBIE)
+
+def test_ctrl_c_sigterm_and_sigkill_keep_finished_cells_and_leave_no_orphans(tmp_path):
+    """Three real runs side by side (import torch costs seconds): one gets Ctrl-C (SIGINT), one
+    SIGTERM (a scheduler's time limit), one SIGKILL, all while their 2nd cell hangs."""
+    runs = intr, term, killed = [CliRun(tmp_path, n) for n in ("intr", "term", "killed")]
+    try:
+        _wait_all(runs)
+        os.kill(intr.proc.pid, signal.SIGINT)
+        os.kill(term.proc.pid, signal.SIGTERM)
+        os.kill(killed.proc.pid, signal.SIGKILL)
+        _assert_stopped_like_ctrl_c(intr, 130, "interrupted")
+        _assert_stopped_like_ctrl_c(term, 143, "terminated")
+        assert killed.proc.wait(60) == -signal.SIGKILL
 
         # SIGKILL: nothing can run in the coordinator, yet the finished cell is on disk
         doc = killed.doc()
@@ -178,10 +183,10 @@ def test_ctrl_c_and_sigkill_keep_finished_cells_and_leave_no_orphans(tmp_path):
             time.sleep(0.3)
         assert killed.alive_workers() == []
     finally:
-        intr.cleanup()
-        killed.cleanup()
-    FAULTS_INJECTED.update({"Ctrl-C (SIGINT) mid-run", "SIGKILL of the coordinator",
-                            "hang in a step call"})
+        for r in runs:
+            r.cleanup()
+    FAULTS_INJECTED.update({"Ctrl-C (SIGINT) mid-run", "SIGTERM mid-run",
+                            "SIGKILL of the coordinator", "hang in a step call"})
 
 
 # ------------------------------------------------------------------------ crashes in compile
@@ -298,3 +303,40 @@ def test_fault_kinds_injected(capsys):
     with capsys.disabled():
         print(f"\n[reliability] fault kinds injected here: {len(FAULTS_INJECTED)}: "
               f"{sorted(FAULTS_INJECTED)}")
+
+
+# ------------------------------------------------------------- processes a model starts
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"], ids=["forkserver", "plain"])
+@pytest.mark.parametrize("hang", [False, True], ids=["finishes", "timeout-kill"])
+def test_processes_a_model_starts_end_with_its_cell(tmp_path, monkeypatch, forkserver, hang):
+    """Same group, new session (setsid) and a re-parented orphan: none outlives the cell,
+    whether the worker finishes or is killed at its timeout."""
+    from fusebench.run.runner import run_one
+    from tests.helpers import SPAWNING
+    pid_file = tmp_path / "pids.txt"
+    monkeypatch.setenv("FUSEBENCH_TEST_PIDS", str(pid_file))
+    monkeypatch.setenv("FUSEBENCH_FORKSERVER", forkserver)
+    if hang:
+        monkeypatch.setenv("FUSEBENCH_TEST_HANG", "1")
+    spec = tiny_spec(model=SPAWNING, check=False, timeout=20.0 if hang else 120.0)
+    pids: list[int] = []
+    try:
+        rec = run_one(spec)
+        assert rec.status == ("timeout" if hang else "ok"), rec.error
+        pids = [int(p) for p in pid_file.read_text().split()]
+        assert len(pids) == 3
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    FAULTS_INJECTED.add("a model that starts processes (same group, setsid, orphan)")

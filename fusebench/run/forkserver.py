@@ -243,6 +243,12 @@ def get_server() -> ForkServer | None:
         return _server
 
 
+def server_pids() -> set[int]:
+    """The running server's pid (a child of the runner that must outlive each cell)."""
+    s = _server
+    return {s.proc.pid} if s is not None and s.alive() else set()
+
+
 def shutdown() -> None:
     global _server
     with _lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fusebench.run import distributed
 from fusebench.run import forkserver
+from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.cell.worker import PHASE_PREFIX
 
@@ -68,6 +69,7 @@ class _Worker:
         # CUDA does not survive fork() once a parent has touched the driver, so GPU cells
         # (and torchrun's ranks) always start a fresh interpreter
         forkable = forkserver.enabled() and not self.dist and not spec.device.startswith("cuda")
+        self.procs = CellProcesses()   # what the cell starts (setsid'd or orphaned too) ends with it
         server = forkserver.get_server() if forkable else None
         if server is not None:   # a fresh fork of a warm parent: no per-cell torch import
             self.proc = server.spawn(self.spec_path, self.out_path, tmp / "stdout.txt",
@@ -92,6 +94,7 @@ class _Worker:
             self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
 
     def kill(self) -> None:
+        self.procs.note(self.proc.pid)   # its descendants, while they still hang off it
         try:
             for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
                 try:
@@ -150,6 +153,7 @@ class _Worker:
     def close(self):
         if self.proc.poll() is None:
             self.kill()
+        self.procs.end(self.proc.pid, keep=forkserver.server_pids())
         self.tmp.cleanup()
 
 

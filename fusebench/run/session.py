@@ -2,8 +2,11 @@
 finish, table at the end, exit code from the statuses. Shared by `run` and `kernel`."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -14,7 +17,28 @@ from fusebench.results.document import ResultsWriter, default_path, dumps
 from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
 
-EXIT_OK, EXIT_NOT_OK, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_NOT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the running cell is killed, finished cells are kept."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    # `kill`, a job scheduler's time limit or a container stop sends SIGTERM: the user should
+    # get the table so far and a valid document, exactly as with Ctrl-C, not a dead process.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_code(records: list[Record]) -> int:
@@ -50,12 +74,13 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
         check_writable(Path(out))
     path = default_path(out, short_model(stem).replace(":", "-")) if save else None
     writer = ResultsWriter(path, _env(), command=list(argv or []))
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     try:
-        run_cells(specs, writer, opts=RunOptions(warm_cache=warm_cache, retry_oom=retry_oom),
-                  console=Console(stderr=True))
-    except KeyboardInterrupt:
-        interrupted = True
+        with sigterm_as_interrupt():
+            run_cells(specs, writer, opts=RunOptions(warm_cache=warm_cache, retry_oom=retry_oom),
+                      console=Console(stderr=True))
+    except KeyboardInterrupt as e:
+        interrupted = e
     if not writer.doc["records"]:
         path = None          # nothing finished: no empty document left behind
     if path is not None:     # repro scripts for failing cells, next to the document
@@ -69,8 +94,9 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
         sys.stdout.flush()
     if path is not None:
         console.print(f"results: {path}", highlight=False)
-    if interrupted:
-        console.print(f"interrupted: {len(records)} of {len(specs)} cells finished and saved",
+    if interrupted is not None:
+        what = "terminated" if isinstance(interrupted, Terminated) else "interrupted"
+        console.print(f"{what}: {len(records)} of {len(specs)} cells finished and saved",
                       highlight=False)
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED
     return exit_code(records)

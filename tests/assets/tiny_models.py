@@ -50,3 +50,38 @@ def raising_factory():
 
 def not_a_module():
     return 42
+
+
+class SpawningCNN(TinyCNN):
+    """A model whose first forward starts helper processes the way real code does by accident:
+    one in its own process group, one in a new session (`setsid`), and one double-forked
+    orphan. Their pids go to $FUSEBENCH_TEST_PIDS so a test can check they died with the cell."""
+    spawned = False
+
+    def forward(self, x):
+        if not SpawningCNN.spawned:
+            SpawningCNN.spawned = True
+            import os
+            import subprocess
+            import sys
+            pids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid,
+                    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                     start_new_session=True).pid]
+            # a grandchild whose parent exits at once: re-parented away from the worker
+            orphan = subprocess.run(
+                [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen(["
+                 "sys.executable, '-c', 'import time; time.sleep(600)'], "
+                 "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
+                capture_output=True,
+                text=True)
+            pids.append(int(orphan.stdout))
+            with open(os.environ["FUSEBENCH_TEST_PIDS"], "a") as f:
+                f.write("".join(f"{p}\n" for p in pids))
+            if os.environ.get("FUSEBENCH_TEST_HANG"):
+                import time
+                time.sleep(3600)      # a hung step: the runner kills the worker at --timeout
+        return super().forward(x)
+
+
+def spawning_cnn():
+    return SpawningCNN()
