@@ -51,17 +51,6 @@ def save(doc: dict[str, Any], path: Path) -> Path:
     return Path(path)
 
 
-def default_path(out_dir: Path, stem: str) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:80]
-    path = Path(out_dir) / f"{safe}-{stamp}.json"
-    i = 1
-    while path.exists():
-        path = Path(out_dir) / f"{safe}-{stamp}-{i}.json"
-        i += 1
-    return path
-
-
 class ResultsWriter:
     """Keeps the document on disk current: every finished cell is appended and saved atomically,
     so a run killed half-way keeps what it finished."""

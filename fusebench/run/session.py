@@ -3,7 +3,6 @@ finish, table at the end, exit code from the statuses. Shared by `run` and `kern
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -12,8 +11,9 @@ from pathlib import Path
 from rich.console import Console
 
 from fusebench.errors import UsageError
+from fusebench.run.output import SaveError, claim_results_path, save_error
 from fusebench.run.repro import write_repros
-from fusebench.results.document import ResultsWriter, default_path, dumps
+from fusebench.results.document import ResultsWriter, dumps, save as save_doc
 from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
 
@@ -45,46 +45,60 @@ def exit_code(records: list[Record]) -> int:
     return EXIT_OK if records and all(r.status == "ok" for r in records) else EXIT_NOT_OK
 
 
-def check_writable(folder: Path) -> None:
-    """--out must be (or be creatable in) a writable folder: found out before any cell runs,
-    not when the first finished cell cannot be saved. Writes nothing."""
-    p = folder.expanduser().absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    if not p.is_dir():
-        raise UsageError(f"--out {folder}: {p} is not a folder")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {folder}: {p} is not writable")
-
-
 def _env() -> dict:
     from fusebench.results.env import collect_env
     return collect_env()
 
 
+class _Writer(ResultsWriter):
+    """The session's writer: a failed save is a SaveError naming the path and the errno."""
+
+    def append(self, record: Record) -> None:
+        try:
+            super().append(record)
+        except OSError as e:
+            raise save_error(self.path, e) from e
+
+
+def _open_writer(save: bool, out: Path, stem: str, argv) -> _Writer:
+    from fusebench.render.run_table import short_model
+    path = claim_results_path(out, short_model(stem).replace(":", "-")) if save else None
+    writer = _Writer(path, _env(), command=list(argv or []))
+    if path is not None:
+        try:
+            save_doc(writer.doc, path)   # the empty document: a valid file from the start
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            raise UsageError(str(save_error(path, e))) from None
+    return writer
+
+
+def _run(specs, writer, opts: RunOptions) -> BaseException | None:
+    """Run the cells; what stopped them early (Ctrl-C, SIGTERM, a failed save), if anything."""
+    try:
+        with sigterm_as_interrupt():
+            run_cells(specs, writer, opts=opts, console=Console(stderr=True))
+    except (KeyboardInterrupt, SaveError) as e:
+        return e
+    return None
+
+
 def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out: bool,
             warm_cache: bool = False, retry_oom: bool = True, argv=None, table=None,
             details=None) -> int:
-    from fusebench.render.run_table import make_console, print_details, run_table, short_model
+    from fusebench.render.run_table import make_console, print_details, run_table
     table = table or run_table
     details = details or print_details
     # With --json, stdout carries only the document; everything for people goes to stderr.
     console = make_console(stderr=json_out)
-    if save:
-        check_writable(Path(out))
-    path = default_path(out, short_model(stem).replace(":", "-")) if save else None
-    writer = ResultsWriter(path, _env(), command=list(argv or []))
-    interrupted: KeyboardInterrupt | None = None
-    try:
-        with sigterm_as_interrupt():
-            run_cells(specs, writer, opts=RunOptions(warm_cache=warm_cache, retry_oom=retry_oom),
-                      console=Console(stderr=True))
-    except KeyboardInterrupt as e:
-        interrupted = e
-    if not writer.doc["records"]:
-        path = None          # nothing finished: no empty document left behind
-    if path is not None:     # repro scripts for failing cells, next to the document
-        write_repros(writer, path)
+    writer = _open_writer(save, out, stem, argv)
+    stopped = _run(specs, writer, RunOptions(warm_cache=warm_cache, retry_oom=retry_oom))
+    path = writer.path
+    if path is not None and not writer.doc["records"]:
+        path.unlink(missing_ok=True)   # nothing finished: no empty document left behind
+        path = None
+    if path is not None and not isinstance(stopped, SaveError):
+        write_repros(writer, path)     # repro scripts for failing cells, next to the document
     records = writer.records()
     if records:
         console.print(table(records))
@@ -94,9 +108,18 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
         sys.stdout.flush()
     if path is not None:
         console.print(f"results: {path}", highlight=False)
-    if interrupted is not None:
-        what = "terminated" if isinstance(interrupted, Terminated) else "interrupted"
-        console.print(f"{what}: {len(records)} of {len(specs)} cells finished and saved",
+    return _final(console, stopped, records, len(specs))
+
+
+def _final(console, stopped: BaseException | None, records: list[Record], total: int) -> int:
+    if isinstance(stopped, SaveError):
+        kept = max(len(records) - 1, 0)   # the last record is in memory only
+        print(f"fusebench: error: {stopped.strerror}; run stopped, {kept} of {total} cells "
+              f"saved", file=sys.stderr)
+        return EXIT_NOT_OK
+    if stopped is not None:
+        what = "terminated" if isinstance(stopped, Terminated) else "interrupted"
+        console.print(f"{what}: {len(records)} of {total} cells finished and saved",
                       highlight=False)
-        return EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(stopped, Terminated) else EXIT_INTERRUPTED
     return exit_code(records)

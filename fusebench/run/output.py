@@ -1,0 +1,62 @@
+"""Where a run's results document goes: a name unique to the run, claimed when the run starts.
+
+A name chosen at start but created only when the first cell finishes lets two runs started in
+the same second pick the same file and overwrite each other's records. The name therefore holds
+a random run id and is created with O_EXCL before any cell runs; writing the (empty) document
+there at once is also the probe that the folder really takes files (permissions, a full disk,
+/proc), found before an hour of cells rather than after."""
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import os
+import secrets
+from pathlib import Path
+
+from fusebench.errors import UsageError
+
+RUN_ID_BYTES = 3          # 6 hex digits; with the second-resolution stamp, collisions are retried
+
+
+class SaveError(OSError):
+    """Saving a finished cell failed mid-run; str() is the one line a user reads."""
+
+
+def _safe(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:80]
+
+
+def _folder(out_dir: Path) -> Path:
+    folder = Path(out_dir).expanduser().absolute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: cannot create folder ({_why(e)})") from None
+    if not folder.is_dir():
+        raise UsageError(f"--out {out_dir}: {folder} is not a folder")
+    return folder
+
+
+def claim_results_path(out_dir: Path, stem: str) -> Path:
+    """An absolute path unique to this run, created (empty) with O_EXCL."""
+    folder = _folder(out_dir)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for _ in range(100):
+        path = folder / f"{_safe(stem)}-{stamp}-{secrets.token_hex(RUN_ID_BYTES)}.json"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UsageError(f"--out {out_dir}: cannot write there ({_why(e)})") from None
+    raise UsageError(f"--out {out_dir}: could not find a free file name")
+
+
+def _why(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, "")
+    return f"{name}: {e.strerror}" if name and e.strerror else str(e)
+
+
+def save_error(path: Path | None, e: OSError) -> SaveError:
+    return SaveError(e.errno, f"cannot save results to {path or e.filename}: {_why(e)}")
