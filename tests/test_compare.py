@@ -207,3 +207,40 @@ def test_ratio_matches_direct_median_ratio(aa_files):
     assert rows["compile"].ratio.gain == pytest.approx(
         rows["eager"].value / rows["compile"].value)
     assert np.isfinite([rows["compile"].ratio.low, rows["compile"].ratio.high]).all()
+
+
+# ----- several worker processes per cell (hierarchical bootstrap) -----------------------------
+def _processes(rng, n_proc, n_steps, scale=1.0, drift=0.15):
+    """Each process has its own level (machine drift between runs), steps vary little."""
+    import numpy as np
+    levels = 100.0 * scale * np.exp(rng.normal(0.0, drift, n_proc))
+    return [list(lv * (1 + rng.normal(0.0, 0.01, n_steps))) for lv in levels]
+
+
+def test_process_bootstrap_aa_not_significant_and_slowdown_flagged():
+    """Drift between processes (15%) that steps within one process never show: pooling steps
+    calls A/A differences significant; resampling processes does not, and a 50% slowdown
+    still is."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    aa_pooled = aa_proc = slow_proc = 0
+    for _ in range(10):
+        a, b = _processes(rng, 5, 10), _processes(rng, 5, 10)
+        slow = _processes(rng, 5, 10, scale=1.5)
+        aa_pooled += stats.speedup_ci(sum(a, []), sum(b, [])).significant
+        aa_proc += stats.speedup_ci_processes(a, b).significant
+        slow_proc += stats.speedup_ci_processes(a, slow).significant
+    assert aa_pooled >= 3          # the steps-only CI: noise called a change
+    assert aa_proc <= 1 < aa_pooled
+    assert slow_proc >= 9
+
+
+def test_process_spread_sets_the_minimum_effect():
+    r = stats.speedup_ci_processes([[100.0, 101.0], [120.0, 121.0]], [[100.0], [99.0]])
+    s_base = stats.process_spread([[100.0, 101.0], [120.0, 121.0]])
+    s_cand = stats.process_spread([[100.0], [99.0]])
+    # two standard errors of the difference of two means of two process medians each
+    assert r.min_effect == pytest.approx(2 * (s_base ** 2 / 2 + s_cand ** 2 / 2) ** 0.5)
+    assert r.min_effect > 0.1
+    one = stats.speedup_ci_processes([[100.0, 101.0, 99.0]], [[90.0, 91.0, 89.0]])
+    assert one.min_effect == stats.MIN_EFFECT and one.significant
