@@ -13,7 +13,8 @@ from rich.text import Text
 
 from fusebench.commands import Command, Group, guarded
 
-list_app = typer.Typer(cls=Group, no_args_is_help=True, help="List models, execution modes or kernels.")
+list_app = typer.Typer(cls=Group, no_args_is_help=True,
+                       help="List models, execution modes or kernels.")
 
 Pattern = Annotated[str, typer.Argument(help="glob pattern, e.g. 'convnext_*'")]
 AsJson = Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")]
