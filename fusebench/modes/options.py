@@ -63,18 +63,19 @@ def _same(value: Any, choice: Any) -> bool:
     return type(value) is type(choice) and value == choice
 
 
-def check_values(what: str, declared: Iterable[ModeOption], options: dict[str, Any]) -> None:
+def check_values(declared: Iterable[ModeOption], options: dict[str, Any],
+                 what: str = "invalid mode option") -> None:
     """Raise one UsageError listing every declared option whose given value is invalid.
     Undeclared keys are ignored (they belong to other modes); None means "use the default"."""
     problems = [p for o in declared if options.get(o.name) is not None
                 for p in [o.problem(options[o.name])] if p]
     if problems:
-        raise UsageError(f"invalid option for {what}: " + "; ".join(problems))
+        raise UsageError(f"{what}: " + "; ".join(problems))
 
 
 def check_option_values(mode, options: dict[str, Any]) -> None:
     """check_values for one mode's declarations."""
-    check_values(f"mode '{mode.name}'", mode.options, options)
+    check_values(mode.options, options, f"invalid option for mode '{mode.name}'")
 
 
 def all_options(modes: Iterable) -> dict[str, ModeOption]:

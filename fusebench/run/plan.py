@@ -122,7 +122,7 @@ def _mode_names(req: RunRequest) -> list[str]:
     registered = list_modes()
     mode_names = registered if req.modes.strip() == "all" else parse_list(req.modes, "mode")
     picked = MODES.resolve(mode_names)     # all unknown names reported at once
-    check_values("run", all_options(MODES.resolve(registered)).values(), req.mode_options)
+    check_values(all_options(MODES.resolve(registered)).values(), req.mode_options)
     for m in picked:
         check_option_values(m, req.mode_options)
     if "eager" in mode_names:   # eager first: the baseline every speedup divides by
