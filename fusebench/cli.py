@@ -1,5 +1,6 @@
 """The typer app. Each command lives in fusebench/commands/<name>.py as one small function;
-this file only assembles them and turns UsageError into one line + exit code 2."""
+this file only assembles them (loading each on first use) and turns UsageError into one line +
+exit code 2."""
 from __future__ import annotations
 
 import functools
