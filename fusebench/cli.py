@@ -1,34 +1,49 @@
 """The typer app. Each command lives in fusebench/commands/<name>.py as one small function;
-this file only assembles them and turns UsageError into one line + exit code 2."""
+this file only assembles them (loading each on first use) and turns UsageError into one line +
+exit code 2."""
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
 import typer
 
+from fusebench.commands import Group
 from fusebench.errors import UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Benchmark PyTorch execution modes honestly: speed, memory, compile cost, "
-                       "fallbacks and correctness.")
-
-# Each module defines register(app). Order = order in --help.
-COMMANDS = ("run", "kernel", "compare", "plot", "export", "env", "listing", "info")
+# CLI name -> module in fusebench/commands (each defines register(app)). Order = order in --help.
+COMMANDS = {"run": "run", "kernel": "kernel", "compare": "compare", "plot": "plot",
+            "export": "export", "env": "env", "list": "listing", "info": "info"}
 
 
-def _register_all() -> None:
-    for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"fusebench.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"fusebench.commands.{name}":
-                continue  # command not built yet in this checkout
-            raise
-        mod.register(app)
+class LazyGroup(Group):
+    """Imports a command's module only when that command is run or listed: each builds its
+    option choices from registries that import torch, scipy or matplotlib."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        return _command(name) if name in COMMANDS else None
 
 
-_register_all()
+@functools.cache
+def _command(name: str):
+    one = typer.Typer()
+    importlib.import_module(f"fusebench.commands.{COMMANDS[name]}").register(one)
+    return typer.main.get_group(one).commands[name]
+
+
+app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _fusebench() -> None:
+    """Benchmark PyTorch execution modes honestly: speed, memory, compile cost, fallbacks and
+    correctness."""
+
 
 # typer < 0.29 raises click's exceptions (click is then typer's own dependency); typer >= 0.29
 # vendors click as typer._click and no longer installs it. We import neither directly: the

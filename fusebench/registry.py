@@ -21,12 +21,6 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
-    def register(self, name: str):
-        """Decorator form: @REG.register("name")."""
-        def deco(item: T) -> T:
-            return self.add(name, item)
-        return deco
-
     def names(self, pattern: str = "*") -> list[str]:
         return sorted(n for n in self._items if fnmatch.fnmatchcase(n, pattern))
 

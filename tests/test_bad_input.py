@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fusebench.cli import app, main
+from fusebench.cli import main
 from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,18 +30,6 @@ FAST = settings(max_examples=12, deadline=None, derandomize=True,
 ZOO = ["convnext_atto", "convnext_tiny", "efficientnet_b0", "efficientnet_b3"]
 BUILTIN_MODES = ["eager", "aot", "compile", "torchscript"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz_0123456789"
-
-
-def _registered_commands() -> set[str]:
-    from typer.main import get_command
-    return set(get_command(app).commands)
-
-
-HAS = _registered_commands()
-
-
-def needs(command: str):
-    return pytest.mark.skipif(command not in HAS, reason=f"`fusebench {command}` not built yet")
 
 
 # ----------------------------------------------------------------------------- the tripwire
@@ -279,7 +267,6 @@ def test_factory_that_raises_at_build_is_a_cell_error_not_a_usage_error():
 
 
 # ----------------------------------------------------------------------------- kernel
-@needs("kernel")
 @settings(FAST, max_examples=30)
 @given(case=st.one_of(
     misspell(["ln2d"]).filter(lambda s: s != "ln2d").map(lambda f: ([f], "did you mean")),
@@ -356,8 +343,6 @@ RESULTS_CASES = st.one_of(
 @settings(FAST, max_examples=30)
 @given(case=RESULTS_CASES, command=st.sampled_from(["compare", "export", "plot"]))
 def test_bad_results_files(capsys, tmp_path, files, case, command):
-    if command not in HAS:
-        pytest.skip(f"`fusebench {command}` not built yet")
     kind, data = case
     src = _results_file(tmp_path, kind, data, files["good_text"])
     before = src.read_bytes() if src.exists() else None
@@ -381,8 +366,6 @@ class _Planted:
 
 @pytest.mark.parametrize("command", ["compare", "export", "plot"])
 def test_results_are_never_unpickled(capsys, tmp_path, command):
-    if command not in HAS:
-        pytest.skip(f"`fusebench {command}` not built yet")
     marker = tmp_path / "code-ran"
     src = tmp_path / "evil.json"
     src.write_bytes(pickle.dumps(_Planted(marker)))
@@ -408,8 +391,6 @@ def test_package_never_unpickles_or_loads_unsafely():
 @pytest.mark.parametrize("argv", [["frobnicate"], ["run"], ["info", "convnxt_tiny"],
                                   ["list", "modles"]])
 def test_unknown_commands_and_missing_arguments(capsys, tmp_path, argv):
-    if argv[0] not in HAS and argv[0] != "frobnicate":
-        pytest.skip(f"`fusebench {argv[0]}` not built yet")
     refused(capsys, argv, tmp=tmp_path)
 
 
@@ -423,8 +404,7 @@ def test_bad_input_through_real_subprocesses(tmp_path, files):
     cases = [
         (["run", "convnext_tyni", "--out", out], "did you mean convnext_tiny"),
         (["run", TINY, "--amp", "--dtype", "bfloat16", "--out", out], "--amp"),
-        (["plot" if "plot" in HAS else "compare", trunc, "-o", tmp_path / "fig.png"]
-         if "plot" in HAS else ["compare", trunc], "not valid JSON"),
+        (["plot", trunc, "-o", tmp_path / "fig.png"], "not valid JSON"),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     procs = [(subprocess.Popen([sys.executable, "-m", "fusebench", *map(str, a)], cwd=tmp_path,

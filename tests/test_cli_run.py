@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from fusebench.cli import app, main
@@ -92,3 +93,73 @@ def test_cells_carry_only_their_modes_non_default_options():
                                               "compile_backend": "inductor"}))
     assert {s.mode: s.mode_options for s in specs} == {
         "eager": (), "torchscript": (("ts_fuser", "none"),), "aot": ()}
+
+
+# --- the CLI generated from the declarations ---------------------------------------------------
+
+def _captured_request(monkeypatch, argv):
+    """Run the CLI up to the plan and return the RunRequest it built (nothing runs)."""
+    import fusebench.run.plan as plan
+    import fusebench.run.session as session
+    seen = []
+    monkeypatch.setattr(plan, "plan_run", lambda req: seen.append(req) or [])
+    monkeypatch.setattr(session, "execute", lambda specs, **kw: 0)
+    assert main(argv) == 0
+    return seen[0]
+
+
+def _help(*command) -> str:
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_compile_fullgraph_and_dynamic_reach_the_cells(monkeypatch):
+    from fusebench.run.plan import plan_run
+    req = _captured_request(monkeypatch, ["run", TINY, "-m", "compile", "--compile-fullgraph",
+                                          "--no-compile-dynamic", "--compile-mode", "default"])
+    assert req.mode_options["compile_fullgraph"] is True
+    assert req.mode_options["compile_dynamic"] is False
+    monkeypatch.undo()
+    (spec,) = plan_run(req)
+    assert dict(spec.mode_options) == {"compile_fullgraph": True, "compile_dynamic": False,
+                                       "compile_mode": "default"}
+
+
+def test_short_k_is_model_kwarg_in_run_and_info(monkeypatch):
+    req = _captured_request(monkeypatch, ["run", TINY, "-k", "num_classes=10", "-k", "x = 1"])
+    assert req.model_kwargs == ("num_classes=10", "x = 1")
+    assert "-k" in _help("info") and "-k" in _help("run")
+
+
+@pytest.mark.parametrize("bad", ["1x=3", "a=1,a=2"])
+def test_run_and_info_parse_model_kwargs_by_the_same_rules(capsys, bad):
+    args = [a for part in bad.split(",") for a in ("-k", part)]
+    for command in (["run", TINY, "--no-save"], ["info", TINY]):
+        assert main([*command, *args]) == 2, command
+        assert "--model-kwarg" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["run"], ["kernel"], ["compare"], ["plot"], ["export"],
+                                     ["env"], ["info"], ["list", "modes"], ["list"], []])
+def test_bool_flags_render_as_flags(command):
+    text = _help(*command)
+    assert "<bool>" not in text
+    if command == ["run"]:
+        for flag in ("--channels-last", "--no-save"):
+            line = next(ln for ln in text.splitlines() if f"{flag} " in ln)
+            assert len(line.split(flag, 1)[1].strip(" │")) > 10, line   # has help text
+
+
+def test_option_choices_are_the_registries_keys():
+    from fusebench.commands import compare, export, kernel, plot, run
+    from fusebench.dtypes import DTYPES, MODEL_DTYPES
+    from fusebench.render.compare_table import TEXT_RENDERERS
+    from fusebench.render.plot import PLOTS
+    from fusebench.results.compare import METRICS
+    from fusebench.results.frame import EXPORTERS
+    values = lambda enum: [m.value for m in enum]  # noqa: E731
+    assert values(run.Dtype) == list(MODEL_DTYPES) and values(kernel.Dtype) == list(DTYPES)
+    assert values(compare.MetricChoice) == list(METRICS)
+    assert values(compare.CompareFormat) == ["table", *TEXT_RENDERERS]
+    assert values(plot.PlotKind) == list(PLOTS) and values(export.ExportFormat) == list(EXPORTERS)

@@ -13,6 +13,7 @@ from fusebench.measure.events import EventLog
 from fusebench.modes import get_mode, list_modes
 from fusebench.modes.options import check_option_values
 from fusebench.modes.torchscript import executor_fusion_groups, llvm_enabled
+from tests.helpers import TINY
 
 # fast choices for the registry-wide test: aot_eager traces like inductor but compiles no C++
 FAST = {"compile_backend": "aot_eager", "bench": "train"}
@@ -307,3 +308,47 @@ def test_compile_inductor_train_reports_convolution_backward_fallback():
     torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad, atol=ATOL, rtol=RTOL)
     mode.finish(events)
     assert "aten.convolution_backward" in kinds(events).get("fallback_kernel", []), events.events()
+
+
+# --- declared options: reachable from the CLI and checked -------------------------------------
+
+DECLARED = [(m, o) for m in list_modes() for o in get_mode(m).options]
+
+
+def _bad_value(option):
+    return "yes" if option.type is bool else "no-such-choice"
+
+
+def test_every_mode_declares_options_as_frozen_records():
+    from dataclasses import FrozenInstanceError
+    assert {o.name for _, o in DECLARED} >= {"compile_fullgraph", "compile_dynamic", "ts_fuser"}
+    with pytest.raises(FrozenInstanceError):
+        DECLARED[0][1].name = "x"
+
+
+@pytest.mark.parametrize("mode_name, option", DECLARED, ids=lambda x: getattr(x, "name", x))
+def test_declared_option_is_on_run_help_and_checked(mode_name, option):
+    from typer.testing import CliRunner
+
+    from fusebench.cli import app
+    from fusebench.run.plan import RunRequest, plan_run
+    text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "250"}).output
+    line = next((ln for ln in text.splitlines() if f" {option.flag} " in ln), None)
+    assert line is not None, f"{option.flag} missing from run --help"
+    assert option.help.split(":")[-1].strip()[:20] in line
+    if isinstance(option.choices, tuple):
+        assert "|".join(option.choices) in text.replace("\n", "").replace(" ", "").replace("│", "")
+    with pytest.raises(UsageError, match=option.name):
+        check_option_values(get_mode(mode_name), {option.name: _bad_value(option)})
+    # the plan refuses it even when the mode that reads it was not picked
+    with pytest.raises(UsageError, match=option.name):
+        plan_run(RunRequest(models=TINY, modes="eager",
+                            mode_options={option.name: _bad_value(option)}))
+
+
+def test_dist_support_is_declared_by_the_modes():
+    from fusebench.run.distributed import supports
+    assert supports("torchscript", "ddp")[0] is False
+    assert supports("aot", "ddp") == (True, "")
+    assert "fsdp2" in supports("aot", "fsdp2")[1]
+    assert supports("eager", "fsdp1") == (True, "")

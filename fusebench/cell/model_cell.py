@@ -158,9 +158,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         flop_model = copy.deepcopy(model) if dist else model   # sharded params cannot be counted
 
         mode = get_mode(spec.mode)
-        ok, reason = mode.available(opts, spec.device)
-        if ok and dist:
-            ok, reason = dist.supports(spec.mode)
+        ok, reason = mode.available(opts, spec.device)   # dist support: checked by precheck
         if not ok:
             return Record.for_spec(spec, "unavailable", events=events.events(),
                                    error=ErrorInfo("Unavailable", reason), **base)

@@ -2,29 +2,19 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, choices, guarded
+from fusebench.render.compare_table import TEXT_RENDERERS
+from fusebench.results.compare import METRICS
 
 
-class MetricChoice(str, Enum):
-    throughput = "throughput"
-    step_ms = "step_ms"
-    peak_mem = "peak_mem"
-    activation = "activation"
-    compile_s = "compile_s"
-
-
-class CompareFormat(str, Enum):
-    table = "table"
-    markdown = "markdown"
-    csv = "csv"
-    json = "json"
+MetricChoice = choices("MetricChoice", METRICS)
+CompareFormat = choices("CompareFormat", ("table", *TEXT_RENDERERS))   # table: rich, to the tty
 
 
 @guarded
@@ -34,9 +24,9 @@ def compare(
         help="One file: the baseline mode (default eager). Several files: the baseline file "
              "(default the first).")] = None,
     metric: Annotated[MetricChoice, typer.Option(help="What to compare.")] =
-        MetricChoice.throughput,
+        MetricChoice("throughput"),
     fmt: Annotated[CompareFormat, typer.Option("--format", help="Output format.")] =
-        CompareFormat.table,
+        CompareFormat("table"),
     fail_on_regression: Annotated[Optional[float], typer.Option(
         "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a cell is worse by more than PCT percent and its 95% CI excludes "
@@ -44,13 +34,13 @@ def compare(
 ) -> None:
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
     from fusebench.results.compare import compare_files
-    from fusebench.render.compare_table import TEXT_RENDERERS, render_table
+    from fusebench.render.compare_table import render_table
 
     cmp = compare_files(files, metric.value, baseline, fail_on_regression)
     err = Console(stderr=True)
     for w in cmp.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
-    if fmt is CompareFormat.table:
+    if fmt.value == "table":
         render_table(cmp, Console())
     else:
         sys.stdout.write(TEXT_RENDERERS[fmt.value](cmp))
@@ -66,4 +56,4 @@ def compare(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare")(compare)
+    add_command(app, "compare", compare)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, guarded
 from fusebench.errors import UsageError
 
 
@@ -118,4 +118,4 @@ def env(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("env")(env)
+    add_command(app, "env", env)

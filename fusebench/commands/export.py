@@ -2,30 +2,28 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, choices, guarded
+from fusebench.results.frame import EXPORTERS
 
 
-class ExportFormat(str, Enum):
-    csv = "csv"
-    markdown = "markdown"
+ExportFormat = choices("ExportFormat", EXPORTERS)
 
 
 @guarded
 def export(
     files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
     fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] =
-        ExportFormat.csv,
+        ExportFormat("csv"),
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
 ) -> None:
     """Export records (one row each, env columns prefixed env.) as CSV or a markdown table."""
-    from fusebench.results.frame import EXPORTERS, load_results
+    from fusebench.results.frame import load_results
     from fusebench.results.document import write_atomic
 
     text = EXPORTERS[fmt.value](load_results(files))
@@ -37,4 +35,4 @@ def export(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("export")(export)
+    add_command(app, "export", export)

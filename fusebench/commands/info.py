@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, guarded
 from fusebench.commands.listing import console_for_rows
 
 
@@ -60,4 +60,4 @@ def info(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("info")(guarded(info))
+    add_command(app, "info", guarded(info))

@@ -2,27 +2,20 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from fusebench.commands import guarded
+from fusebench.cell.kernel_cell import DIRECTIONS
+from fusebench.commands import add_command, choices, guarded
+from fusebench.dtypes import DTYPES
+from fusebench.kernels import families
 
 
-class Direction(str, Enum):
-    fwd = "fwd"
-    bwd = "bwd"
-    fwdbwd = "fwdbwd"
-
-
-class Dtype(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float64 = "float64"
+Direction = choices("Direction", DIRECTIONS)
+Dtype = choices("Dtype", DTYPES)
 
 
 def kernel_table(records, title: str = "fusebench kernel") -> Table:
@@ -52,7 +45,8 @@ def kernel_table(records, title: str = "fusebench kernel") -> Table:
 
 @guarded
 def kernel(
-    family: Annotated[str, typer.Argument(help="Kernel family: ln2d, silu, se_gate, bias_gelu.")],
+    family: Annotated[str, typer.Argument(
+        help=f"Kernel family: {', '.join(families())}.")],
     impl: Annotated[str, typer.Option("--impl", "-i", help="Impls, comma-separated: registered "
                                       "names, path/to/file.py:fn (called like the family's impls: "
                                       "ln2d fn(x, weight, bias, eps), silu fn(x), se_gate "
@@ -62,9 +56,11 @@ def kernel(
         "--shape", help="N,C,H,W (repeatable). Default: the family's, 8,96,56,56.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="DIM=v1,v2,... e.g. C=32,64,96,192.")]
     = None,
-    dtype: Annotated[Dtype, typer.Option()] = Dtype.float32,
-    channels_last: Annotated[bool, typer.Option("--channels-last")] = False,
-    direction: Annotated[Direction, typer.Option()] = Direction.fwdbwd,
+    dtype: Annotated[Dtype, typer.Option(help="Input and parameter dtype.")] = Dtype("float32"),
+    channels_last: Annotated[bool, typer.Option(
+        "--channels-last", help="Inputs in channels_last memory format.")] = False,
+    direction: Annotated[Direction, typer.Option(help="Time forward, backward or both.")] = (
+        Direction("fwdbwd")),
     mode: Annotated[str, typer.Option("--mode", "-m", help="Modes, comma-separated, or 'all'.")]
     = "eager",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -73,7 +69,8 @@ def kernel(
     seed: Annotated[int, typer.Option()] = 0,
     timeout: Annotated[float, typer.Option(help="Per-cell timeout, seconds.")] = 900.0,
     out: Annotated[Path, typer.Option(help="Folder for the results document.")] = Path("results"),
-    no_save: Annotated[bool, typer.Option("--no-save")] = False,
+    no_save: Annotated[bool, typer.Option(
+        "--no-save", help="Do not write the results document.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only the results document "
                                                           "on stdout.")] = False,
 ):
@@ -94,4 +91,4 @@ def kernel(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("kernel")(kernel)
+    add_command(app, "kernel", kernel)

@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fusebench.commands import guarded
+from fusebench.commands import Command, Group, guarded
 
-list_app = typer.Typer(no_args_is_help=True, help="List models, execution modes or kernels.")
+list_app = typer.Typer(cls=Group, no_args_is_help=True,
+                       help="List models, execution modes or kernels.")
 
 Pattern = Annotated[str, typer.Argument(help="glob pattern, e.g. 'convnext_*'")]
 AsJson = Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")]
@@ -47,7 +48,7 @@ def _status(ok: bool, reason: str) -> str:
     return "available" if ok else f"unavailable: {reason}"
 
 
-@list_app.command("models")
+@list_app.command("models", cls=Command)
 @guarded
 def models(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     """Models in the bundled zoo (also usable: timm:NAME and path/file.py:factory)."""
@@ -60,16 +61,12 @@ def models(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     _show(rows, cells, as_json, "models", pattern)
 
 
-@list_app.command("modes")
+@list_app.command("modes", cls=Command)
 @guarded
 def modes(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     """Execution modes and whether each is available on this machine."""
-    try:
-        from fusebench.modes import get_mode, list_modes
-        names = list_modes(pattern)
-    except ImportError as e:   # a mode file missing from this checkout: say so, no traceback
-        print(f"fusebench: error: cannot load the execution modes: {e}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    from fusebench.modes import get_mode, list_modes
+    names = list_modes(pattern)
     rows = []
     for name in names:
         mode = get_mode(name)
@@ -80,7 +77,7 @@ def modes(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     _show(rows, cells, as_json, "modes", pattern)
 
 
-@list_app.command("kernels")
+@list_app.command("kernels", cls=Command)
 @guarded
 def kernels(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     """Kernel implementations as family/impl; PATTERN matches the family or 'family/impl'."""

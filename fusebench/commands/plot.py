@@ -2,26 +2,22 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, choices, guarded
+from fusebench.render.plot import PLOTS
 
 
-class PlotKind(str, Enum):
-    speedup = "speedup"
-    throughput = "throughput"
-    memory = "memory"
-    sweep = "sweep"
+PlotKind = choices("PlotKind", PLOTS)
 
 
 @guarded
 def plot(
     files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
-    kind: Annotated[PlotKind, typer.Option(help="Which figure.")] = PlotKind.speedup,
+    kind: Annotated[PlotKind, typer.Option(help="Which figure.")] = PlotKind("speedup"),
     output: Annotated[Path, typer.Option("--output", "-o",
                                          help="Image to write: .png, .svg or .pdf.")] =
         Path("fusebench.png"),
@@ -34,4 +30,4 @@ def plot(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plot")(plot)
+    add_command(app, "plot", plot)

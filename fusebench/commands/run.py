@@ -1,140 +1,133 @@
-"""fusebench run MODEL: every mode, isolated per cell, measured honestly."""
+"""fusebench run MODEL: every mode, isolated per cell, measured honestly.
+
+The command's signature is generated: the general settings are listed once below, and one
+option per declared mode option (fusebench.modes.options.ModeOption) is appended, so a new mode
+option is on the CLI, in --help and checked without touching this file."""
 from __future__ import annotations
 
+import inspect
 import sys
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from fusebench.commands import guarded
+from fusebench.commands import add_command, choices, guarded
+from fusebench.dtypes import MODEL_DTYPES
+from fusebench.modes import MODES, list_modes
+from fusebench.modes.options import DIST_KINDS, ModeOption, all_options
+from fusebench.run.plan import BENCHES, RunRequest
+
+Bench = choices("Bench", (*BENCHES, "both"))
+Dtype = choices("Dtype", MODEL_DTYPES)
+Dist = choices("Dist", DIST_KINDS)
+MODE_OPTIONS = all_options(MODES.resolve(list_modes()))
 
 
-class Bench(str, Enum):
-    train = "train"
-    infer = "infer"
-    both = "both"
+def _p(name: str, annotation, default, info) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[annotation, info])
 
 
-class Dtype(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+_NONE = inspect.Parameter.empty
+SETTINGS = (   # --help order; the mode options follow --model-kwarg
+    _p("model", str, _NONE, typer.Argument(help="Model name(s), comma-separated; or "
+                                                "path/file.py:factory, or timm:NAME.")),
+    _p("mode", str, "all", typer.Option("--mode", "-m", help="Modes, comma-separated, or 'all'.")),
+    _p("bench", Bench, Bench("train"), typer.Option(help="train step, inference, or both.")),
+    _p("batch_size", Optional[str], None, typer.Option("--batch-size", "-b",
+                                                       help="Batch size(s): 32 or 8,16,32.")),
+    _p("img_size", Optional[str], None, typer.Option(help="Input side length(s): 224 or "
+                                                          "224,288. Default: the model's.")),
+    _p("channels_last", bool, False, typer.Option(
+        "--channels-last", help="Model and input in channels_last memory format.")),
+    _p("dtype", Dtype, Dtype("float32"), typer.Option(help="Model and input dtype.")),
+    _p("amp", bool, False, typer.Option("--amp", help="autocast (bf16 on CPU, fp16 on CUDA).")),
+    _p("device", str, "auto", typer.Option(help="auto, cpu, cuda or cuda:N.")),
+    _p("warmup", Optional[int], None, typer.Option(help="Warm-up steps (default 5).")),
+    _p("steps", Optional[int], None, typer.Option(help="Timed steps (default 20).")),
+    _p("quick", bool, False, typer.Option("--quick", help="Smoke run: batch 4, 96px, 2+5 "
+                                                          "steps.")),
+    _p("model_kwarg", Optional[list[str]], None, typer.Option(
+        "--model-kwarg", "-k", help="KEY=VALUE for the model factory (repeatable).")),
+)
+RUNNING = (
+    _p("timeout", float, 900.0, typer.Option(help="Per-cell timeout, seconds.")),
+    _p("warm_cache", bool, False, typer.Option(
+        "--warm-cache", help="Share one compile cache (default: cold per cell).")),
+    _p("no_retry", bool, False, typer.Option(
+        "--no-retry", help="Do not retry OOM cells with a smaller batch.")),
+    _p("no_check", bool, False, typer.Option("--no-check", help="Skip correctness vs eager.")),
+    _p("seed", int, 0, typer.Option(help="Seed of the model init and the inputs.")),
+    _p("threads", Optional[int], None, typer.Option(
+        help="torch.set_num_threads in each worker (default: torch's choice).")),
+)
+DISTRIBUTED = (
+    _p("nproc", Optional[int], None, typer.Option(
+        "--nproc", help="Processes per node for --dist (torchrun).")),
+    _p("dist", Optional[Dist], None, typer.Option(
+        "--dist", help="Data-parallel wrapper: ddp, fsdp1 (use_orig_params) or fsdp2.")),
+    _p("nnodes", int, 1, typer.Option("--nnodes", help="Nodes (multi-node --dist).")),
+    _p("node_rank", int, 0, typer.Option("--node-rank", help="This node's rank.")),
+    _p("rdzv_endpoint", Optional[str], None, typer.Option(
+        "--rdzv-endpoint", help="HOST:PORT of node 0 (default: 127.0.0.1, a free port).")),
+)
+OUTPUT = (
+    _p("out", Path, Path("results"), typer.Option(help="Folder for the results document.")),
+    _p("no_save", bool, False, typer.Option(
+        "--no-save", help="Do not write the results document (print the table only).")),
+    _p("json_out", bool, False, typer.Option(
+        "--json", help="Print only the results document on stdout.")),
+)
 
 
-class TsMethod(str, Enum):
-    script = "script"
-    trace = "trace"
+def mode_option_param(o: ModeOption) -> inspect.Parameter:
+    """One CLI option for a declared mode option. None = not given: the mode's default."""
+    text = o.help
+    if o.default not in (None, False):     # an absent flag is False: nothing to say
+        text += f" Default: {o.default}."
+    if o.type is bool:
+        flags = o.flag if o.default is False else f"{o.flag}/--no-{o.flag[2:]}"
+        return _p(o.name, Optional[bool], None, typer.Option(flags, help=text,
+                                                             show_default=False))
+    shown = o.shown_choices()
+    if callable(o.choices):
+        text += f" Choices: {shown}."
+    metavar = f"<{shown.replace(', ', '|')}>" if shown and not callable(o.choices) else None
+    return _p(o.name, Optional[str], None, typer.Option(o.flag, help=text, metavar=metavar))
 
 
-class TsFuser(str, Enum):
-    default = "default"
-    nnc = "nnc"
-    nvfuser = "nvfuser"
-    none = "none"
-
-
-class Dist(str, Enum):
-    ddp = "ddp"
-    fsdp1 = "fsdp1"
-    fsdp2 = "fsdp2"
-
-
-class AotCompiler(str, Enum):
-    nop = "nop"
-    ts = "ts"
-
-
-class AotPartitioner(str, Enum):
-    default = "default"
-    min_cut = "min_cut"
-
-
-def _value(x):
-    return x.value if isinstance(x, Enum) else x
+def request(p: dict[str, Any]) -> RunRequest:
+    """The command's parameters -> the plan's frozen request."""
+    return RunRequest(
+        models=p["model"], modes=p["mode"], bench=p["bench"].value, batch_sizes=p["batch_size"],
+        img_sizes=p["img_size"], channels_last=p["channels_last"], dtype=p["dtype"].value,
+        amp=p["amp"], device=p["device"], warmup=p["warmup"], steps=p["steps"],
+        quick=p["quick"], seed=p["seed"], timeout=p["timeout"], check=not p["no_check"],
+        threads=p["threads"], model_kwargs=tuple(p["model_kwarg"] or ()),
+        mode_options={name: p[name] for name in MODE_OPTIONS},
+        dist=p["dist"].value if p["dist"] is not None else None, nproc=p["nproc"],
+        nnodes=p["nnodes"], node_rank=p["node_rank"], rdzv_endpoint=p["rdzv_endpoint"])
 
 
 @guarded
-def run(
-    model: Annotated[str, typer.Argument(help="Model name(s), comma-separated; or "
-                                               "path/file.py:factory, or timm:NAME.")],
-    mode: Annotated[str, typer.Option("--mode", "-m", help="Modes, comma-separated, or 'all'.")]
-    = "all",
-    bench: Annotated[Bench, typer.Option(help="train step, inference, or both.")] = Bench.train,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", "-b",
-                                                      help="Batch size(s): 32 or 8,16,32.")]
-    = None,
-    img_size: Annotated[Optional[str], typer.Option(help="Input side length(s): 224 or "
-                                                          "224,288. Default: the model's.")]
-    = None,
-    channels_last: Annotated[bool, typer.Option("--channels-last")] = False,
-    dtype: Annotated[Dtype, typer.Option()] = Dtype.float32,
-    amp: Annotated[bool, typer.Option("--amp", help="autocast (bf16 on CPU, fp16 on CUDA).")]
-    = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up steps (default 5).")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Timed steps (default 20).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke run: batch 4, 96px, 2+5 "
-                                                        "steps.")] = False,
-    model_kwarg: Annotated[Optional[list[str]], typer.Option(
-        "--model-kwarg", help="KEY=VALUE for the model factory (repeatable).")] = None,
-    ts_method: Annotated[TsMethod, typer.Option()] = TsMethod.script,
-    ts_fuser: Annotated[TsFuser, typer.Option()] = TsFuser.default,
-    aot_compiler: Annotated[AotCompiler, typer.Option()] = AotCompiler.nop,
-    aot_partitioner: Annotated[AotPartitioner, typer.Option()] = AotPartitioner.default,
-    compile_backend: Annotated[str, typer.Option()] = "inductor",
-    compile_mode: Annotated[Optional[str], typer.Option()] = None,
-    compile_fallback: Annotated[bool, typer.Option(
-        "--compile-fallback", help="Let dynamo fall back to eager on compile errors "
-                                   "(recorded as events).")] = False,
-    timeout: Annotated[float, typer.Option(help="Per-cell timeout, seconds.")] = 900.0,
-    warm_cache: Annotated[bool, typer.Option("--warm-cache", help="Share one compile cache "
-                                                                  "(default: cold per cell).")]
-    = False,
-    no_retry: Annotated[bool, typer.Option("--no-retry", help="Do not retry OOM cells with a "
-                                                             "smaller batch.")] = False,
-    no_check: Annotated[bool, typer.Option("--no-check", help="Skip correctness vs eager.")]
-    = False,
-    seed: Annotated[int, typer.Option()] = 0,
-    threads: Annotated[Optional[int], typer.Option(
-        help="torch.set_num_threads in each worker (default: torch's choice).")] = None,
-    nproc: Annotated[Optional[int], typer.Option(
-        "--nproc", help="Processes per node for --dist (torchrun).")] = None,
-    dist: Annotated[Optional[Dist], typer.Option(
-        "--dist", help="Data-parallel wrapper: ddp, fsdp1 (use_orig_params) or fsdp2.")] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node --dist).")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank.")] = 0,
-    rdzv_endpoint: Annotated[Optional[str], typer.Option(
-        "--rdzv-endpoint", help="HOST:PORT of node 0 (default: 127.0.0.1, a free port).")]
-    = None,
-    out: Annotated[Path, typer.Option(help="Folder for the results document.")] = Path("results"),
-    no_save: Annotated[bool, typer.Option("--no-save")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only the results document "
-                                                          "on stdout.")] = False,
-):
+def run(**params: Any) -> None:
     """Benchmark MODEL in every requested mode, one isolated worker process per cell."""
-    from fusebench.run.plan import RunRequest, plan_run
+    from fusebench.run.plan import plan_run
     from fusebench.run.session import execute
 
-    req = RunRequest(
-        models=model, modes=mode, bench=bench.value, batch_sizes=batch_size, img_sizes=img_size,
-        channels_last=channels_last, dtype=dtype.value, amp=amp, device=device, warmup=warmup,
-        steps=steps, quick=quick, seed=seed, timeout=timeout, check=not no_check, threads=threads,
-        model_kwargs=tuple(model_kwarg or ()),
-        mode_options={"ts_method": _value(ts_method), "ts_fuser": _value(ts_fuser),
-                      "aot_compiler": _value(aot_compiler),
-                      "aot_partitioner": _value(aot_partitioner),
-                      "compile_backend": compile_backend, "compile_mode": compile_mode,
-                      "compile_fallback": compile_fallback},
-        dist=_value(dist), nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint)
-    specs = plan_run(req)
-    code = execute(specs, stem=model.split(",")[0], out=out, save=not no_save,
-                   json_out=json_out, warm_cache=warm_cache, retry_oom=not no_retry,
+    specs = plan_run(request(params))
+    code = execute(specs, stem=params["model"].split(",")[0], out=params["out"],
+                   save=not params["no_save"], json_out=params["json_out"],
+                   warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
                    argv=sys.argv)
     raise typer.Exit(code)
 
 
+run.__signature__ = inspect.Signature([
+    *SETTINGS, *(mode_option_param(o) for o in MODE_OPTIONS.values()), *RUNNING, *DISTRIBUTED,
+    *OUTPUT])
+
+
 def register(app: typer.Typer) -> None:
-    app.command("run")(run)
+    add_command(app, "run", run)

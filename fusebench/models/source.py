@@ -193,7 +193,8 @@ def _one_line(e: BaseException) -> str:
 # ----- kwargs from the command line -----------------------------------------------------------
 
 def parse_model_kwargs(items: Iterable[str] | None) -> dict[str, str]:
-    """['ln_impl=sqm', 'num_classes=10'] -> {'ln_impl': 'sqm', 'num_classes': '10'}."""
+    """['ln_impl=sqm', 'num_classes=10'] -> {'ln_impl': 'sqm', 'num_classes': '10'}. The one
+    --model-kwarg parser: `run` (through the plan) and `info` read KEY=VALUE by these rules."""
     out: dict[str, str] = {}
     for item in items or ():
         key, sep, value = item.partition("=")

@@ -7,13 +7,22 @@ from typing import Any
 import torch.nn as nn
 
 from fusebench.measure.events import EventLog
+from fusebench.modes.options import ModeOption
 
 
 class Mode:
     name: str = ""
     description: str = ""
-    # option names this mode reads from CellSpec.mode_options (e.g. "ts_fuser"), with defaults
-    option_defaults: dict[str, Any] = {}
+    # the options this mode reads from CellSpec.mode_options (e.g. ts_fuser): the one
+    # declaration the CLI flags, their checking and the records are generated from
+    options: tuple[ModeOption, ...] = ()
+    # data-parallel wrappers (ddp, fsdp1, fsdp2) this mode cannot run under -> why not; the
+    # coordinator turns such a cell into an `unavailable` record without launching it
+    dist_unsupported: dict[str, str] = {}
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        return {o.name: o.default for o in self.options}
 
     def available(self, options: dict[str, Any], device: str = "cpu") -> tuple[bool, str]:
         """(True, "") or (False, reason). Must be cheap and must not change global state."""
@@ -29,5 +38,10 @@ class Mode:
         groups, ...) that are only known after running."""
 
     def opts(self, options: dict[str, Any]) -> dict[str, Any]:
-        return {**self.option_defaults, **{k: v for k, v in options.items()
-                                           if k in self.option_defaults and v is not None}}
+        defaults = self.option_defaults
+        return {**defaults, **{k: v for k, v in options.items()
+                               if k in defaults and v is not None}}
+
+    def supports_dist(self, kind: str) -> tuple[bool, str]:
+        reason = self.dist_unsupported.get(kind)
+        return (False, f"{self.name} under {kind}: {reason}") if reason else (True, "")

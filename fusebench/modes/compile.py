@@ -12,9 +12,9 @@ import torch
 
 from fusebench.modes import register_mode
 from fusebench.modes.base import Mode
+from fusebench.modes.options import ModeOption
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-BOOL = (True, False)
 _FALLBACK_PREFIX = "Using FallbackKernel:"
 
 
@@ -57,11 +57,21 @@ class Compile(Mode):
     name = "compile"
     description = ("torch.compile (backend/mode/fullgraph/dynamic); reports graph breaks, "
                    "recompiles, inductor fallback kernels")
-    option_defaults = {"compile_backend": "inductor", "compile_mode": None,
-                       "compile_fullgraph": False, "compile_dynamic": None,
-                       "compile_fallback": False}
-    option_choices = {"compile_backend": dynamo_backends, "compile_mode": COMPILE_MODES,
-                      "compile_fullgraph": BOOL, "compile_dynamic": BOOL, "compile_fallback": BOOL}
+    options = (
+        ModeOption("compile_backend", choices=dynamo_backends, default="inductor",
+                   help="compile: dynamo backend.",
+                   choices_help="a registered dynamo backend, e.g. inductor, aot_eager, "
+                                "eager"),
+        ModeOption("compile_mode", choices=COMPILE_MODES,
+                   help="compile: torch.compile mode (default: torch's)."),
+        ModeOption("compile_fullgraph", bool, default=False,
+                   help="compile: fullgraph=True, a graph break is an error."),
+        ModeOption("compile_dynamic", bool,
+                   help="compile: dynamic=True or False (default: None, dynamo decides)."),
+        ModeOption("compile_fallback", bool, default=False,
+                   help="compile: let dynamo fall back to eager on compile errors (recorded "
+                        "as events)."),
+    )
 
     def __init__(self):
         self._hints: _PerfHints | None = None

@@ -23,25 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
+from fusebench.modes.options import DIST_KINDS
 from fusebench.spec import CellSpec, Correctness, ErrorInfo, Event, Record, StepStats
 
-DIST_KINDS = ("ddp", "fsdp1", "fsdp2")
-EXTRA_KEYS = ("dist", "nproc", "nnodes", "node_rank", "rdzv_endpoint")
 LOOPBACK = "127.0.0.1"   # single-node rendezvous never leaves the machine
 NONOK_ORDER = ("crashed", "oom", "timeout", "error", "mismatch", "unavailable")
-
-# mode x wrapper pairs that cannot work, measured on torch 2.13 (CPU, gloo, 2 ranks) with a
-# conv/BN/GELU model; every other pair runs, and an unexpected failure is an `error` record.
-UNSUPPORTED: dict[tuple[str, str], str] = {
-    **{("torchscript", k): (f"torch.jit.script/trace cannot compile a {k.upper()}-wrapped model "
-                            "(script: forward(*args, **kwargs) is unsupported; trace: the "
-                            "process group is not part of the trace)") for k in DIST_KINDS},
-    ("aot", "fsdp1"): ("functorch aot_module cannot trace FSDP1's flat-parameter views "
-                       "(aten.detach multiple-dispatch failure)"),
-    ("aot", "fsdp2"): ("functorch aot_module cannot trace FSDP2's DTensor parameters "
-                       "(invalid python storage)"),
-}
-
 
 @dataclass(frozen=True)
 class DistSettings:
@@ -99,8 +85,13 @@ def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: in
 
 
 def supports(mode: str, kind: str) -> tuple[bool, str]:
-    reason = UNSUPPORTED.get((mode, kind))
-    return (False, f"{mode} under {kind}: {reason}") if reason else (True, "")
+    """Whether `mode` runs under wrapper `kind`, as the mode declares (Mode.dist_unsupported).
+    Checked once, by the coordinator (precheck), never again in the ranks."""
+    from fusebench.modes import MODES, list_modes
+    list_modes()                  # loads the built-in modes
+    if mode not in MODES:         # a plugin mode not loaded in this process: let it try
+        return True, ""
+    return MODES[mode].supports_dist(kind)
 
 
 def precheck(spec: CellSpec) -> Record | None:
@@ -280,9 +271,6 @@ class RankRun:
             raise RuntimeError("a distributed cell must run under torchrun (python -m "
                                "fusebench.run.distributed), not python -m fusebench.cell.worker")
         return cls(d)
-
-    def supports(self, mode: str) -> tuple[bool, str]:
-        return supports(mode, self.kind)
 
     def wrap(self, mode, model, example_inputs, options, events):
         """Rewrite (modes that swap submodules must do it before the wrapper records the

@@ -6,14 +6,12 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-import torch
-
+from fusebench.dtypes import MODEL_DTYPES
 from fusebench.errors import UsageError
 from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec
 
 BENCHES = ("train", "infer")
-DTYPES = ("float32", "bfloat16", "float16")
 MAX_SIZE = 8192        # a bigger side length is a typo, not a benchmark
 MAX_BATCH = 1 << 16
 MAX_STEPS = 1_000_000  # warm-up or timed steps beyond this are a typo, not a benchmark
@@ -48,6 +46,7 @@ class RunRequest:
 
 
 def resolve_device(text: str) -> str:
+    import torch
     text = text.strip().lower()
     if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,67 +65,18 @@ def resolve_device(text: str) -> str:
     raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got '{text}'")
 
 
-def parse_kwargs(items: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--model-kwarg expects KEY=VALUE, got '{item}'")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def plan_run(req: RunRequest) -> list[CellSpec]:
-    from fusebench.models.source import coerce_kwargs, resolve_model
-    from fusebench.modes import MODES, list_modes
-    from fusebench.modes.options import check_option_values
-    from fusebench.run.distributed import validate as validate_dist
+    from fusebench.models.source import coerce_kwargs, parse_model_kwargs, resolve_model
     from fusebench.plugins import load_plugins
 
     load_plugins()
-    if req.bench not in (*BENCHES, "both"):
-        raise UsageError(f"--bench must be train, infer or both, got '{req.bench}'")
-    if req.dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got '{req.dtype}'")
-    if req.amp and req.dtype != "float32":
-        raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
-    if not math.isfinite(req.timeout) or req.timeout <= 0:   # nan/inf cannot be waited on
-        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {req.timeout:g}")
-    device = resolve_device(req.device)
-    dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)
-    if device == "cpu" and req.dtype == "float16":
-        raise UsageError("--dtype float16 is not supported for training on CPU; use bfloat16")
-
+    device, dist = _check_settings(req)
     sources = [resolve_model(m) for m in parse_list(req.models, "model")]
-    registered = list_modes()
-    mode_names = registered if req.modes.strip() == "all" else parse_list(req.modes, "mode")
-    for m in MODES.resolve(mode_names):     # all unknown names reported at once
-        check_option_values(m, req.mode_options)
-    if "eager" in mode_names:   # eager first: the baseline every speedup divides by
-        mode_names = ["eager"] + [m for m in mode_names if m != "eager"]
-
-    batches = (parse_int_list(req.batch_sizes, "batch size", maximum=MAX_BATCH)
-               if req.batch_sizes is not None else [QUICK["batch"] if req.quick else 32])
-    sizes = (parse_int_list(req.img_sizes, "image size", maximum=MAX_SIZE)
-             if req.img_sizes is not None else [QUICK["img"] if req.quick else None])
-    warmup = req.warmup if req.warmup is not None else (QUICK["warmup"] if req.quick else 5)
-    steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else 20)
-    if warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {warmup}")
-    if steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {steps}")
-    if req.threads is not None and not 1 <= req.threads <= 4096:
-        raise UsageError(f"--threads must be >= 1, got {req.threads}")
-    if max(warmup, steps) > MAX_STEPS:
-        raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
-    kwargs = parse_kwargs(req.model_kwargs)
+    mode_names = _mode_names(req)
+    options = _cell_options(mode_names, req.mode_options)
+    batches, sizes, warmup, steps = _counts(req)
+    kwargs = parse_model_kwargs(req.model_kwargs)
     benches = BENCHES if req.bench == "both" else (req.bench,)
-    # each cell carries only the options its mode reads, and only where they differ from the
-    # mode's defaults: records, compare keys and plot labels then name real variants only
-    defaults = {m: MODES[m].option_defaults for m in mode_names}
-    options = {m: tuple(sorted((k, v) for k, v in req.mode_options.items()
-                               if k in defaults[m] and v is not None and v != defaults[m][k]))
-               for m in mode_names}
 
     specs = []
     for src, bench, batch, size in itertools.product(sources, benches, batches, sizes):
@@ -142,3 +92,70 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                     kwargs.items())), mode_options=options[mode], timeout=req.timeout,
                 check=req.check, extra=dist.to_extra() if dist else ()))
     return specs
+
+
+def _check_settings(req: RunRequest):
+    """The scalar settings -> (device, DistSettings | None); a bad one is a UsageError."""
+    from fusebench.run.distributed import validate as validate_dist
+
+    if req.bench not in (*BENCHES, "both"):
+        raise UsageError(f"--bench must be train, infer or both, got '{req.bench}'")
+    if req.dtype not in MODEL_DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got '{req.dtype}'")
+    if req.amp and req.dtype != "float32":
+        raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
+    if not math.isfinite(req.timeout) or req.timeout <= 0:   # nan/inf cannot be waited on
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {req.timeout:g}")
+    device = resolve_device(req.device)
+    dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)
+    if device == "cpu" and req.dtype == "float16":
+        raise UsageError("--dtype float16 is not supported for training on CPU; use bfloat16")
+    return device, dist
+
+
+def _mode_names(req: RunRequest) -> list[str]:
+    """The requested modes, eager first; every given mode option checked against its
+    declaration, whether or not its mode was picked (a typo never passes silently)."""
+    from fusebench.modes import MODES, list_modes
+    from fusebench.modes.options import all_options, check_option_values, check_values
+
+    registered = list_modes()
+    mode_names = registered if req.modes.strip() == "all" else parse_list(req.modes, "mode")
+    picked = MODES.resolve(mode_names)     # all unknown names reported at once
+    check_values(all_options(MODES.resolve(registered)).values(), req.mode_options)
+    for m in picked:
+        check_option_values(m, req.mode_options)
+    if "eager" in mode_names:   # eager first: the baseline every speedup divides by
+        mode_names = ["eager"] + [m for m in mode_names if m != "eager"]
+    return mode_names
+
+
+def _cell_options(mode_names: list[str], given: dict) -> dict[str, tuple]:
+    """Each cell carries only the options its mode reads, and only where they differ from the
+    mode's defaults: records, compare keys and plot labels then name real variants only."""
+    from fusebench.modes import MODES
+    out = {}
+    for m in mode_names:
+        defaults = MODES[m].option_defaults
+        out[m] = tuple(sorted((k, v) for k, v in given.items()
+                              if k in defaults and v is not None and v != defaults[k]))
+    return out
+
+
+def _counts(req: RunRequest) -> tuple[list[int], list[int | None], int, int]:
+    """(batch sizes, image sizes, warm-up steps, timed steps), --quick filling the defaults."""
+    batches = (parse_int_list(req.batch_sizes, "batch size", maximum=MAX_BATCH)
+               if req.batch_sizes is not None else [QUICK["batch"] if req.quick else 32])
+    sizes = (parse_int_list(req.img_sizes, "image size", maximum=MAX_SIZE)
+             if req.img_sizes is not None else [QUICK["img"] if req.quick else None])
+    warmup = req.warmup if req.warmup is not None else (QUICK["warmup"] if req.quick else 5)
+    steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else 20)
+    if warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {warmup}")
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    if req.threads is not None and not 1 <= req.threads <= 4096:
+        raise UsageError(f"--threads must be >= 1, got {req.threads}")
+    if max(warmup, steps) > MAX_STEPS:
+        raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
+    return batches, sizes, warmup, steps

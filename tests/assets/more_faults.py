@@ -6,6 +6,7 @@ import time
 
 from fusebench.modes import register_mode
 from fusebench.modes.base import Mode
+from fusebench.modes.options import ModeOption
 
 
 @register_mode
@@ -13,7 +14,7 @@ class SegfaultInCompile(Mode):
     """A real SIGSEGV (NULL read), but only while the model is being compiled (prepare) and only
     when the compile option says so: the compiler-crash shape."""
     name = "test_segv_compile"
-    option_defaults = {"compile_backend": "inductor"}
+    options = (ModeOption("compile_backend", default="inductor"),)
 
     def prepare(self, model, example_inputs, options, events):
         if self.opts(options)["compile_backend"] == "inductor":
