@@ -13,7 +13,7 @@ import torch.nn as nn
 from fusebench.kernels import get_impl, list_impls
 from fusebench.kernels.act import (BiasGELU, SEGate, SiLUMemEff, bias_gelu, cpu, se_gate,
                                    silu_me)
-from fusebench.kernels.problems import PROBLEMS
+from fusebench.kernels import PROBLEMS
 from fusebench.measure.memory import SavedTensorBytes
 
 FAMILIES = ("silu", "se_gate", "bias_gelu")

@@ -1,12 +1,14 @@
-"""Activation kernels for the zoo: memory-efficient SiLU, SE gate, bias + GELU.
+"""Activation kernels for the zoo, three families in one package: memory-efficient SiLU
+("silu"), SE gate ("se_gate"), bias + GELU ("bias_gelu"). One module per family (its plain-torch
+impls and its kernel problem); cpu.py / triton.py hold the native impls of all three, because
+one C++ extension (one build, one cache entry) and one Triton module serve them together.
 
 Stable API for the fuser (each: pure fwd/bwd functions -> autograd.Function -> functional ->
 nn.Module; the module's `impl` picks a registered impl, default "function" = plain torch):
     silu_me(x)                      SiLUMemEff(inplace=False, impl="function")
     se_gate(x, gate_logits)         SEGate(impl="function")          forward(x, gate_logits)
     bias_gelu(x, bias, approximate) BiasGELU(bias_param, approximate="none", impl="function")
-Registered families: "silu", "se_gate", "bias_gelu" (impls eager, function, cpu, triton; silu
-also naive)."""
+Impls: eager, function, cpu, triton; silu also naive."""
 from fusebench.kernels.act.bias_gelu import BiasGELU, BiasGELUFunction, bias_gelu
 from fusebench.kernels.act.se_gate import SEGate, SEGateFunction, se_gate
 from fusebench.kernels.act.silu import SiLUFunction, SiLUMemEff, silu_me

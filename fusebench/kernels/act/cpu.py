@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
-from fusebench.kernels.act.se_gate import _check_gate
 from fusebench.kernels.build import CppKernel
+from fusebench.kernels.checks import check_bias_gelu, check_gate
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_act_cpu"
@@ -107,13 +106,13 @@ _bias_gelu_fwd.register_autograd(
 @torch.jit.ignore
 def _check_se_gate(x: torch.Tensor, g: torch.Tensor) -> None:
     _check("se_gate", x)
-    _check_gate(x, g)
+    check_gate(x, g)
 
 
 @torch.jit.ignore
 def _check_bg(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
     _check("bias_gelu", x)
-    _check_bias_gelu(x, bias, approximate)
+    check_bias_gelu(x, bias, approximate)
 
 
 # The wrappers call the ops through torch.ops so that torch.jit.script can compile them too.

@@ -5,10 +5,8 @@ import functools
 
 import torch
 
-from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
-from fusebench.kernels.act.se_gate import _check_gate
-from fusebench.kernels.checks import check_nchw
-from fusebench.kernels.ln2d.triton import available, triton_cdiv, triton_next_pow2
+from fusebench.kernels.checks import check_bias_gelu, check_gate, check_nchw
+from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
 from fusebench.kernels.registry import register_impl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -170,7 +168,7 @@ def silu_triton(x):
 def se_gate_triton(x, gate_logits):
     """Triton: (n, block of H*W) tiles with all C; bwd writes dx + per-tile sum(dy * x)."""
     _check("se_gate", x)
-    _check_gate(x, gate_logits)
+    check_gate(x, gate_logits)
     return SEGateTritonFunction.apply(x, gate_logits.contiguous())
 
 
@@ -178,5 +176,5 @@ def se_gate_triton(x, gate_logits):
 def bias_gelu_triton(x, bias, approximate: str = "none"):
     """Triton: add + GELU in one pass; bwd writes dx + per-tile dbias partials."""
     _check("bias_gelu", x)
-    _check_bias_gelu(x, bias, approximate)
+    check_bias_gelu(x, bias, approximate)
     return BiasGELUTritonFunction.apply(x, bias.contiguous(), approximate)
