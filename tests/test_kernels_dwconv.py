@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.dwconv import cpu
-from fusebench.fuse.fuser import FusedDepthwiseConv, fuse
+from fusebench.fuse import fuse
+from fusebench.fuse.fusions.dwconv import FusedDepthwiseConv
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,7 +20,7 @@ KERNEL = CppKernel(EXT_NAME, SOURCE, "the activation cpu kernels run")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
 
 
-def _dense(x: torch.Tensor) -> torch.Tensor:
+def dense(x: torch.Tensor) -> torch.Tensor:
     """x if NCHW- or channels-last-contiguous, else an NCHW copy (the kernels index densely)."""
     if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
         return x
@@ -41,7 +41,7 @@ def _check(op: str, x: torch.Tensor) -> None:
 # The kernels as torch custom ops (torch.library) with their backward registered as autograd,
 # as ln2d/cpu.py does and for the same reason: aot_autograd and torch.compile can trace a
 # custom op (the fake implementations give output shapes and layouts), not an autograd.Function
-# around a pybind call. The forward ops take x already dense (_dense), and each saves exactly
+# around a pybind call. The forward ops take x already dense (dense), and each saves exactly
 # what its plain-torch twin saves: x, and the small bias / gate logits.
 def _like(x: torch.Tensor) -> torch.Tensor:       # fake output: x's (dense) layout and dtype
     return torch.empty_like(x, memory_format=torch.preserve_format)
@@ -120,18 +120,18 @@ def _check_bg(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
 def silu_cpu(x: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: one vectorised pass per direction (libmvec expf); saves only x."""
     _check("silu", x)
-    return torch.ops.fusebench.silu_cpu_forward(_dense(x))
+    return torch.ops.fusebench.silu_cpu_forward(dense(x))
 
 
 @register_impl("se_gate", "cpu", available=available)
 def se_gate_cpu(x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: backward computes dx and sum_hw(dy * x) in one pass; saves x and g."""
     _check_se_gate(x, gate_logits)
-    return torch.ops.fusebench.se_gate_cpu_forward(_dense(x), gate_logits)
+    return torch.ops.fusebench.se_gate_cpu_forward(dense(x), gate_logits)
 
 
 @register_impl("bias_gelu", "cpu", available=available)
 def bias_gelu_cpu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """C++/OpenMP: add + GELU in one pass; backward dx and dbias in one pass; saves x, bias."""
     _check_bg(x, bias, approximate)
-    return torch.ops.fusebench.bias_gelu_cpu_forward(_dense(x), bias, approximate == "tanh")
+    return torch.ops.fusebench.bias_gelu_cpu_forward(dense(x), bias, approximate == "tanh")
