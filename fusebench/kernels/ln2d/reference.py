@@ -26,8 +26,7 @@ def ln2d_permute(x, weight, bias, eps: float):
 
 @register_impl("ln2d", "sqm")
 def ln2d_sqm(x, weight, bias, eps: float):
-    """channels-first one-pass E[x^2]-E[x]^2 by hand (loses precision at large mean; NOT ConvNeXt's
-    LayerNorm, which is two-pass: see `twopass`)."""
+    """one-pass E[x^2]-E[x]^2 by hand: imprecise at large mean (ConvNeXt's is twopass, not this)."""
     u = x.mean(1, keepdim=True)
     s = (x * x).mean(1, keepdim=True) - u * u
     x = (x - u) * torch.rsqrt(s + eps)
