@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "fusebench"
-FAMILIES = ("act", "dwconv", "ln2d")
+FAMILIES = ("bias_gelu", "dwconv", "ln2d", "se_gate", "silu")
+SHARED = ("act", "build", "checks", "pages", "problem", "registry", "triton_support")
 # Cycles in parts of the tree other work on issue 12 still restructures (modes/ registration,
 # results <-> render, run <-> cell). A ratchet: a new cycle fails, and once one is gone it must
 # be dropped from here (the test says so).
@@ -141,6 +142,16 @@ def test_kernel_registry_is_a_leaf():
     for leaf in ("kernels.registry", "kernels.problem", "kernels.checks",
                  "kernels.triton_support", "kernels.build"):
         assert not {d for d in GRAPH[leaf] if d.startswith("kernels.")}, (leaf, GRAPH[leaf])
+
+
+@pytest.mark.parametrize("shared", SHARED)
+def test_shared_kernel_code_imports_no_family(shared):
+    """registry, problem, checks, ... and act/ (native code the three activation families
+    share) are below the families: none of them imports one."""
+    deps = {d for m, ds in GRAPH.items() if m == f"kernels.{shared}"
+            or m.startswith(f"kernels.{shared}.") for d in ds}
+    assert not {d for d in deps if d.split(".")[1:2] and d.split(".")[0] == "kernels"
+                and d.split(".")[1] in FAMILIES}, deps
 
 
 @pytest.mark.parametrize("family", FAMILIES)

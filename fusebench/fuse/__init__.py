@@ -8,8 +8,9 @@ The only package that knows both models and kernels.
   walk.py      the model walk: fuse_in_order, unfused_leaves
 
 ORDER below is the order fusions are tried in (TransformerEngine's `ops/fused/__init__.py`
-idea): folding first (infer), then the multi-module patterns before the single modules they
-contain (se_gate and bn_silu before silu_me; mlp_bias_gelu before the GELU is left alone)."""
+idea; a module a fusion replaced is not visited again): se_gate and bn_silu come before silu_me
+because they match on the nn.SiLU inside their block, which silu_me would otherwise replace
+first. Adding a fusion = one file in fusions/ plus its name here."""
 from __future__ import annotations
 
 import torch.nn as nn

@@ -1,14 +1,14 @@
-"""silu_me: nn.SiLU -> the memory-efficient SiLU of kernels.act (saves its input only)."""
+"""silu_me: nn.SiLU -> the memory-efficient SiLU of kernels.silu (saves its input only)."""
 from __future__ import annotations
 
 import torch.nn as nn
 
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
-from fusebench.kernels.act import SiLUMemEff
+from fusebench.kernels.silu import SiLUMemEff
 
 
 class MemoryEfficientSiLU(SiLUMemEff, FusedModule):
-    """kernels.act's SiLUMemEff (saves its input only), marked as the fuser's product."""
+    """kernels.silu's SiLUMemEff (saves its input only), marked as the fuser's product."""
     fusion = "silu_me"
 
 

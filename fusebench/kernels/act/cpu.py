@@ -9,7 +9,6 @@ import torch
 
 from fusebench.kernels.build import CppKernel
 from fusebench.kernels.checks import check_bias_gelu, check_gate
-from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_act_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
@@ -116,21 +115,18 @@ def _check_bg(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
 
 
 # The wrappers call the ops through torch.ops so that torch.jit.script can compile them too.
-@register_impl("silu", "cpu", available=available)
 def silu_cpu(x: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: one vectorised pass per direction (libmvec expf); saves only x."""
     _check("silu", x)
     return torch.ops.fusebench.silu_cpu_forward(dense(x))
 
 
-@register_impl("se_gate", "cpu", available=available)
 def se_gate_cpu(x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: backward computes dx and sum_hw(dy * x) in one pass; saves x and g."""
     _check_se_gate(x, gate_logits)
     return torch.ops.fusebench.se_gate_cpu_forward(dense(x), gate_logits)
 
 
-@register_impl("bias_gelu", "cpu", available=available)
 def bias_gelu_cpu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """C++/OpenMP: add + GELU in one pass; backward dx and dbias in one pass; saves x, bias."""
     _check_bg(x, bias, approximate)

@@ -7,7 +7,6 @@ import torch
 
 from fusebench.kernels.checks import check_bias_gelu, check_gate, check_nchw
 from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
-from fusebench.kernels.registry import register_impl
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_C = 4096        # one program holds all C channels of its block of positions
@@ -157,14 +156,12 @@ class SEGateTritonFunction(torch.autograd.Function):
         return se_gate_triton_bwd(dy, x, g)
 
 
-@register_impl("silu", "triton", available=available)
 def silu_triton(x):
     """Triton elementwise fwd/bwd over the dense storage; saves only x."""
     _check("silu", x)
     return SiLUTritonFunction.apply(x)
 
 
-@register_impl("se_gate", "triton", available=available)
 def se_gate_triton(x, gate_logits):
     """Triton: (n, block of H*W) tiles with all C; bwd writes dx + per-tile sum(dy * x)."""
     _check("se_gate", x)
@@ -172,7 +169,6 @@ def se_gate_triton(x, gate_logits):
     return SEGateTritonFunction.apply(x, gate_logits.contiguous())
 
 
-@register_impl("bias_gelu", "triton", available=available)
 def bias_gelu_triton(x, bias, approximate: str = "none"):
     """Triton: add + GELU in one pass; bwd writes dx + per-tile dbias partials."""
     _check("bias_gelu", x)

@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusebench.kernels.problem import KernelProblem, lazy_build, register_problem
 from fusebench.kernels.registry import get_impl, register_impl
 
 
@@ -83,9 +82,3 @@ def silu_naive(x):
 def silu_function(x):
     """autograd.Function in plain torch ops: saves only x."""
     return SiLUFunction.apply(x)
-
-
-# --- the kernel problem: what `fusebench kernel silu` measures
-register_problem(KernelProblem(
-    family="silu", signature="fn(x) -> y",
-    reference=silu_reference, builds=(("cpu", lazy_build("fusebench.kernels.act.cpu")),)))

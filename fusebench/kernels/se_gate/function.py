@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 
 from fusebench.kernels.checks import check_gate
-from fusebench.kernels.problem import KernelProblem, lazy_build, register_problem
 from fusebench.kernels.registry import get_impl, register_impl
 
 
@@ -79,14 +78,3 @@ def se_gate_eager(x, gate_logits):
 def se_gate_function(x, gate_logits):
     """autograd.Function in plain torch ops: saves x and g."""
     return se_gate(x, gate_logits)
-
-
-# --- the kernel problem: what `fusebench kernel se_gate` measures
-def _params(shape, g):
-    return {"gate_logits": 2 * torch.randn(shape[0], shape[1], 1, 1, generator=g)}
-
-
-register_problem(KernelProblem(
-    family="se_gate", signature="fn(x, gate_logits) -> y  (gate_logits (N, C, 1, 1))",
-    reference=se_gate_reference, params=("gate_logits",), make_params=_params,
-    builds=(("cpu", lazy_build("fusebench.kernels.act.cpu")),)))

@@ -10,7 +10,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.checks import GELU_APPROXIMATE, check_bias_gelu
-from fusebench.kernels.problem import KernelProblem, lazy_build, register_problem
 from fusebench.kernels.registry import get_impl, register_impl
 
 APPROXIMATE = GELU_APPROXIMATE
@@ -100,14 +99,3 @@ def bias_gelu_eager(x, bias, approximate: str = "none"):
 def bias_gelu_function(x, bias, approximate: str = "none"):
     """autograd.Function in plain torch ops: saves only x and bias."""
     return bias_gelu(x, bias, approximate)
-
-
-# --- the kernel problem: what `fusebench kernel bias_gelu` measures
-def _params(shape, g):
-    return {"bias": 0.5 * torch.randn(shape[1], generator=g)}
-
-
-register_problem(KernelProblem(
-    family="bias_gelu", signature="fn(x, bias) -> y",
-    reference=bias_gelu_reference, params=("bias",), make_params=_params,
-    builds=(("cpu", lazy_build("fusebench.kernels.act.cpu")),)))
