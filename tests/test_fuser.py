@@ -100,7 +100,7 @@ def test_infer_fusion_folds_on_a_copy(name):
 
 
 def fused_kernel_names(y: torch.Tensor) -> list[str]:
-    """The MultiOpKernel each MultiOpFunction node ran (the grad_fn of a custom Function is its ctx)."""
+    """The MultiOpKernel each MultiOpFunction node ran (a custom Function's grad_fn is its ctx)."""
     return [n.kernel.name for n in graph(y) if type(n).__name__ == "MultiOpFunctionBackward"]
 
 
