@@ -14,8 +14,10 @@ import torch.nn as nn
 
 from fusebench.run.distributed import DistSettings, aggregate, launch_command, validate
 from fusebench.errors import UsageError
-from fusebench.fuse.fuser import (FusedKernel, FusedModule, _split, bind_act, fuse,
-                                     se_gate_kernel)
+from fusebench.fuse import FusedModule, fuse
+from fusebench.fuse.binding import bind_act
+from fusebench.fuse.engine import MultiOpKernel, split_groups
+from fusebench.fuse.fusions.se_gate import se_gate_kernel
 from fusebench.models.layers import ConvMlp, SqueezeExcite
 from fusebench.spec import CellSpec, Correctness, Record, StepStats
 
@@ -26,13 +28,13 @@ SE_GATE = se_gate_kernel(bind_act("se_gate", "cpu", [], "function"),
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 
-class NaiveFusedOps(torch.autograd.Function):
+class NaiveMultiOpFunction(torch.autograd.Function):
     """The bug: backward asks each op's module how many parameters it owns."""
 
     @staticmethod
-    def forward(ctx, kernel: FusedKernel, modules, x, *flat):
+    def forward(ctx, kernel: MultiOpKernel, modules, x, *flat):
         counts = tuple(len(list(m.parameters())) for m in modules)
-        y, saved = kernel.fwd(x, _split(flat, counts))
+        y, saved = kernel.fwd(x, split_groups(flat, counts))
         ctx.kernel, ctx.modules, ctx.n_saved = kernel, modules, len(saved)
         ctx.save_for_backward(*saved, *flat)
         return y
@@ -42,7 +44,7 @@ class NaiveFusedOps(torch.autograd.Function):
         tensors = ctx.saved_tensors
         counts = tuple(len(list(m.parameters())) for m in ctx.modules)   # re-queried: wrong
         params = tensors[ctx.n_saved:]
-        dx, dgroups = ctx.kernel.bwd(dy, tensors[:ctx.n_saved], _split(params, (2, 2)))
+        dx, dgroups = ctx.kernel.bwd(dy, tensors[:ctx.n_saved], split_groups(params, (2, 2)))
         for i, (n, dg) in enumerate(zip(counts, dgroups)):
             if n != len(dg):
                 raise RuntimeError(f"Expected op {i} to generate {n} param grads, "
@@ -57,7 +59,7 @@ class NaiveSqueezeExcite(FusedModule):
 
     def forward(self, x):
         r, e = self.conv_reduce, self.conv_expand
-        return NaiveFusedOps.apply(SE_GATE, (r, e), x, r.weight, r.bias, e.weight, e.bias)
+        return NaiveMultiOpFunction.apply(SE_GATE, (r, e), x, r.weight, r.bias, e.weight, e.bias)
 
 
 def small_model() -> nn.Module:
@@ -153,7 +155,7 @@ def test_param_counts_survive_fsdp_and_grads_match_reference(tmp_path):
         for kind in ("ddp", "fsdp1", "fsdp2"):
             r = out[kind]
             assert r["sites"] == {"se_gate": 1, "mlp_bias_gelu": 1}, kind
-            assert r["graph"].count("FusedOpsBackward") == 2, (kind, r["graph"])
+            assert r["graph"].count("MultiOpFunctionBackward") == 2, (kind, r["graph"])
             assert r["names_same"] and r["mismatch"] == [], (kind, r["mismatch"])
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fusebench.fuse import fuser
-from fusebench.fuse.fuser import FusedModule, fuse
+from fusebench.fuse import FusedModule, fuse
+from fusebench.fuse.fusions.ln2d import FusedLayerNorm2d
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import SavedTensorBytes
@@ -69,7 +69,7 @@ def test_train_fusion_matches_eager_and_really_runs(name):
         y, r = model(x), ref(x)
         torch.testing.assert_close(y, r, atol=1e-10, rtol=1e-9)
         nodes = graph_nodes(y)
-        assert "FusedOpsBackward" in nodes, sorted(nodes)
+        assert "MultiOpFunctionBackward" in nodes, sorted(nodes)
         if "dwconv" in result.sites:
             assert "DwConvCpuFunctionBackward" in nodes, sorted(nodes)
         if "ln2d" in result.sites:
@@ -100,13 +100,13 @@ def test_infer_fusion_folds_on_a_copy(name):
 
 
 def fused_kernel_names(y: torch.Tensor) -> list[str]:
-    """The FusedKernel each FusedOps node ran (the grad_fn of a custom Function is its ctx)."""
-    return [n.kernel.name for n in graph(y) if type(n).__name__ == "FusedOpsBackward"]
+    """The MultiOpKernel each MultiOpFunction node ran (a custom Function's grad_fn is its ctx)."""
+    return [n.kernel.name for n in graph(y) if type(n).__name__ == "MultiOpFunctionBackward"]
 
 
 def test_bound_act_kernels_really_run(monkeypatch):
     """The act kernels bound at fuse time are the ones called, in forward and in backward:
-    count calls of kernels.act's pure functions (function impl) and of the C++ se_gate."""
+    count calls of the act families' pure functions (function impl) and of the C++ se_gate."""
     import importlib
     calls: dict[str, int] = {}
 
@@ -121,7 +121,7 @@ def test_bound_act_kernels_really_run(monkeypatch):
     for mod, names in (("silu", ("silu_fwd", "silu_bwd")),
                        ("bias_gelu", ("bias_gelu_fwd", "bias_gelu_bwd"))):
         for n in names:
-            spy(importlib.import_module(f"fusebench.kernels.act.{mod}"), n)
+            spy(importlib.import_module(f"fusebench.kernels.{mod}.function"), n)
     from fusebench.kernels.act import cpu as act_cpu
     if act_cpu.build()[0]:
         for n in ("se_gate_forward", "se_gate_backward", "bias_gelu_forward",
@@ -190,15 +190,15 @@ def test_mode_on_a_model_without_patterns_says_zero_sites():
 
 
 def test_ln2d_kernel_fallback_is_an_event(monkeypatch):
-    from fusebench.kernels.ln2d import fused as ln_fused
-    monkeypatch.setattr(ln_fused, "resolve", lambda device, build=True: (None, "cpu: no g++"))
+    from fusebench.kernels.ln2d import auto as ln_auto
+    monkeypatch.setattr(ln_auto, "resolve", lambda device, build=True: (None, "cpu: no g++"))
     events = EventLog()
     model = build("convnext_atto").float()
     get_mode("fused").prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
     fb = [e for e in events.events() if e.kind == "kernel_fallback"]
     assert fb and "ran 'function'" in fb[0].message and "no g++" in fb[0].message
     assert all(m.impl == "function" for m in model.modules()
-               if isinstance(m, fuser.FusedLayerNorm2d))
+               if isinstance(m, FusedLayerNorm2d))
 
 
 def test_sequential_conv_bn_is_folded_for_user_models():

@@ -80,12 +80,12 @@ def test_user_impl_ok_error_and_late_mismatch(user_file):
     assert late.correctness.detail.startswith("after_timing")
 
 
-def test_fused_fallback_runs_function_under_its_own_name(monkeypatch):
-    from fusebench.kernels.ln2d import fused
-    monkeypatch.setattr(fused, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
-    r = _cell("fused")
+def test_auto_fallback_runs_function_under_its_own_name(monkeypatch):
+    from fusebench.kernels.ln2d import auto
+    monkeypatch.setattr(auto, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
+    r = _cell("auto")
     assert r.status == "ok"
-    assert r.extra["impl"] == "function" and r.extra["requested_impl"] == "fused"
+    assert r.extra["impl"] == "function" and r.extra["requested_impl"] == "auto"
     assert any(e.kind == "fallback" and "no compiler" in e.message for e in r.events)
 
 

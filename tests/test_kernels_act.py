@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fusebench.kernels import get_impl, list_impls
-from fusebench.kernels.act import (BiasGELU, SEGate, SiLUMemEff, bias_gelu, cpu, se_gate,
-                                   silu_me)
-from fusebench.kernels.problems import PROBLEMS
+from fusebench.kernels import PROBLEMS, get_impl, list_impls
+from fusebench.kernels.act import cpu
+from fusebench.kernels.bias_gelu import BiasGELU, bias_gelu
+from fusebench.kernels.se_gate import SEGate, se_gate
+from fusebench.kernels.silu import SiLUMemEff, silu_me
 from fusebench.measure.memory import SavedTensorBytes
 
 FAMILIES = ("silu", "se_gate", "bias_gelu")

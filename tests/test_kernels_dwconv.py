@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.dwconv import cpu
-from fusebench.fuse.fuser import FusedDepthwiseConv, fuse
+from fusebench.fuse import fuse
+from fusebench.fuse.fusions.dwconv import FusedDepthwiseConv
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -104,3 +105,19 @@ def test_not_fused_for_inference_or_cuda():
     for bench, device in (("infer", "cpu"), ("train", "cuda")):
         model = nn.Sequential(nn.Conv2d(6, 6, 7, padding=3, groups=6))
         assert "dwconv" not in fuse(model, bench, device).sites
+
+
+def test_dwconv_is_a_registered_kernel_family():
+    """`fusebench kernel dwconv` / `list kernels` / `env` see it: impls and a problem whose
+    float64 reference is what the eager impl computes."""
+    from fusebench.kernels import families, get_impl, get_problem, list_impls
+    assert "dwconv" in families() and list_impls("dwconv") == ["cpu", "eager"]
+    problem = get_problem("dwconv")
+    g = torch.Generator().manual_seed(0)
+    params = problem.make_params([2, 8, 9, 9], g)
+    x = torch.randn(2, 8, 9, 9, generator=g)
+    args = [params[n] for n in problem.params]
+    ref = problem.reference(x, *args)
+    for impl in ("eager", "cpu"):
+        y = get_impl("dwconv", impl).fn(x, *args)
+        torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fusebench.kernels import get_impl, list_impls
-from fusebench.kernels.ln2d import cpu, function, fused
+from fusebench.kernels.ln2d import auto, cpu, function
 from fusebench.kernels.ln2d.reference import ln2d_reference
 
 IMPLS = list_impls("ln2d")
@@ -20,7 +20,7 @@ def _impl(name):
     ok, reason = k.available("cpu")
     if not ok:
         pytest.skip(f"{name}: {reason}")
-    if name in ("cpu", "fused"):
+    if name in ("cpu", "auto"):
         ok, reason = cpu.build()
         if not ok:
             pytest.skip(reason)
@@ -123,6 +123,15 @@ def test_large_mean(name):
     assert_close(run_and_compare(fn, x), 1e-3)
 
 
+def test_twopass_is_convnext_official_layernorm():
+    """twopass is ConvNeXt's channels_first LayerNorm (u = mean, s = mean((x - u)^2)), so it
+    keeps its precision where sqm's one-pass variance does not."""
+    x = 1e4 + torch.randn(2, 16, 5, 5)
+    w, b = torch.ones(16), torch.zeros(16)
+    err = _rel(get_impl("ln2d", "twopass").fn(x, w, b, 1e-6), ln2d_reference(x, w, b, 1e-6))
+    assert err < 1e-2, err
+
+
 def test_sqm_loses_precision_at_large_mean():
     x = 1e4 + torch.randn(2, 32, 5, 7, generator=torch.Generator().manual_seed(0))
     err_y = run_and_compare(get_impl("ln2d", "sqm").fn, x)[0]
@@ -189,18 +198,18 @@ def test_function_saves_only_x_mean_rstd():
     assert shapes == [(2, 1, 8, 8), (2, 1, 8, 8), (2, 16, 8, 8), (16,)]   # mean, rstd, x, weight
 
 
-def test_fused_runs_the_device_kernel():
-    _impl("fused")
-    assert fused.resolve("cpu") == ("cpu", "")
-    assert fused.candidate("cuda") == "triton"
+def test_auto_runs_the_device_kernel():
+    _impl("auto")
+    assert auto.resolve("cpu") == ("cpu", "")
+    assert auto.candidate("cuda") == "triton"
 
 
-def test_fused_fallback_warns_and_runs_function(monkeypatch):
-    monkeypatch.setattr(fused, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
+def test_auto_fallback_warns_and_runs_function(monkeypatch):
+    monkeypatch.setattr(auto, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
     x = torch.randn(1, 4, 3, 3)
     w, b = torch.ones(4), torch.zeros(4)
-    with pytest.warns(fused.FallbackWarning, match="ran 'function'"):
-        y = fused.ln2d_fused(x, w, b, 1e-6)
+    with pytest.warns(auto.FallbackWarning, match="ran 'function'"):
+        y = auto.ln2d_auto(x, w, b, 1e-6)
     torch.testing.assert_close(y, function.ln2d_function(x, w, b, 1e-6))
 
 

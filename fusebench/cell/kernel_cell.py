@@ -138,7 +138,7 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     from fusebench.kernels.registry import families
     if req.family not in families():
         raise unknown_name("kernel family", [req.family], families())
-    from fusebench.kernels.problems import PROBLEMS
+    from fusebench.kernels import PROBLEMS
     if req.family not in PROBLEMS:
         raise UsageError(f"kernel family '{req.family}' has no benchmark definition yet "
                          f"(benchmarkable: {', '.join(PROBLEMS.names())})")
@@ -171,8 +171,8 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
 
 # ------------------------------------------------------------------------------------ problem
 def problem_of(family: str):
-    from fusebench.kernels.problems import PROBLEMS
-    return PROBLEMS[family]
+    from fusebench.kernels import get_problem
+    return get_problem(family)
 
 
 class ImplModule(nn.Module):
@@ -391,21 +391,21 @@ class _Unavailable(Exception):
 
 
 def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
-    """(name that really runs, fn). `fused` may fall back to its FALLBACK impl, with an event."""
+    """(name that really runs, fn). `auto` may fall back to its FALLBACK impl, with an event."""
     if is_user_impl(impl):
         return impl, load_user_impl(impl)
     from fusebench.kernels.registry import get_impl
     fam = problem.family
     k = get_impl(fam, impl)
-    if impl == "fused" and problem.fused_module:
-        fused = importlib.import_module(problem.fused_module)
+    if impl == "auto" and problem.auto_module:
+        auto = importlib.import_module(problem.auto_module)
         phase("build")
-        name, reason = fused.resolve(device)
+        name, reason = auto.resolve(device)
         if name is None:
             events.add("fallback", "fusebench",
-                       f"{fam} fused could not be used ({reason}); ran '{fused.FALLBACK}'")
-            return fused.FALLBACK, get_impl(fam, fused.FALLBACK).fn
-        events.add("kernel", "fusebench", f"{fam} fused resolved to '{name}'")
+                       f"{fam} auto could not be used ({reason}); ran '{auto.FALLBACK}'")
+            return auto.FALLBACK, get_impl(fam, auto.FALLBACK).fn
+        events.add("kernel", "fusebench", f"{fam} auto resolved to '{name}'")
         return name, get_impl(fam, name).fn
     ok, reason = k.available(device)
     if not ok:

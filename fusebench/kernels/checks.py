@@ -13,3 +13,22 @@ def check_nchw(op: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...],
         raise ValueError(f"{op}: x must be 4-D (N, C, H, W), got {x.dim()}-D")
     if max_c is not None and x.shape[1] > max_c:
         raise ValueError(f"{op}: C={x.shape[1]} exceeds the {max_c} channels one program holds")
+
+
+def check_gate(x: torch.Tensor, g: torch.Tensor) -> None:
+    """se_gate: gate logits (N, C, 1, 1) for an x (N, C, H, W)."""
+    if x.dim() != 4 or tuple(g.shape) != (x.shape[0], x.shape[1], 1, 1):
+        raise ValueError(f"se_gate: expected x (N, C, H, W) and gate_logits (N, C, 1, 1), got "
+                         f"{tuple(x.shape)} and {tuple(g.shape)}")
+
+
+GELU_APPROXIMATE = ("none", "tanh")
+
+
+def check_bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
+    """bias_gelu: a (C,) bias for an x (N, C, H, W) and an approximation F.gelu knows."""
+    if approximate not in GELU_APPROXIMATE:
+        raise ValueError(f"bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if x.dim() != 4 or bias.dim() != 1 or bias.numel() != x.shape[1]:
+        raise ValueError(f"bias_gelu: expected x (N, C, H, W) and bias (C,), got "
+                         f"{tuple(x.shape)} and {tuple(bias.shape)}")

@@ -1,4 +1,7 @@
-"""Kernel implementations by family: @register_impl("ln2d", "permute")."""
+"""Kernel implementations by family: @register_impl("ln2d", "permute").
+
+A leaf: it imports no family. The families register themselves when imported, which
+fusebench.kernels (the package's __init__) does."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,19 +37,11 @@ def register_impl(family: str, name: str, *, available=None, description: str = 
     return deco
 
 
-def _load_all() -> None:
-    # Importing the families registers their impls; kept lazy so `import fusebench` stays cheap.
-    import fusebench.kernels.act  # noqa: F401
-    import fusebench.kernels.ln2d  # noqa: F401
-
-
 def families() -> list[str]:
-    _load_all()
     return sorted(_FAMILIES)
 
 
 def family(name: str) -> Registry[KernelImpl]:
-    _load_all()
     if name not in _FAMILIES:
         raise unknown_name("kernel family", [name], _FAMILIES)
     return _FAMILIES[name]

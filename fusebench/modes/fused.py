@@ -1,4 +1,4 @@
-"""fused: the model rewritten by fusebench's op fuser (fusebench.fuse.fuser), run eagerly.
+"""fused: the model rewritten by fusebench's op fuser (fusebench.fuse), run eagerly.
 
 Coverage is reported as events: one `fusion` event per fusion that fired ("ln2d: 17 sites"),
 one `unfused` event listing the leaf module types no fusion covered, and a `kernel_fallback`
@@ -24,7 +24,7 @@ class Fused(Mode):
     def rewrite(self, model, example_inputs, options, events):
         """Apply the fusions. Called by prepare, or before a distributed wrapper is built (the
         wrapper must record the fused modules' Parameters, not the replaced ones)."""
-        from fusebench.fuse.fuser import fuse
+        from fusebench.fuse import fuse
         bench = options.get("bench", "train")
         result = fuse(model, bench, _device_of(model, example_inputs))
         for kind, msg in result.notes:

@@ -1,16 +1,3 @@
-"""Activation kernels for the zoo: memory-efficient SiLU, SE gate, bias + GELU.
-
-Stable API for the fuser (each: pure fwd/bwd functions -> autograd.Function -> functional ->
-nn.Module; the module's `impl` picks a registered impl, default "function" = plain torch):
-    silu_me(x)                      SiLUMemEff(inplace=False, impl="function")
-    se_gate(x, gate_logits)         SEGate(impl="function")          forward(x, gate_logits)
-    bias_gelu(x, bias, approximate) BiasGELU(bias_param, approximate="none", impl="function")
-Registered families: "silu", "se_gate", "bias_gelu" (impls eager, function, cpu, triton; silu
-also naive)."""
-from fusebench.kernels.act.bias_gelu import BiasGELU, BiasGELUFunction, bias_gelu
-from fusebench.kernels.act.se_gate import SEGate, SEGateFunction, se_gate
-from fusebench.kernels.act.silu import SiLUFunction, SiLUMemEff, silu_me
-from fusebench.kernels.act import cpu, triton  # noqa: F401,E402  (register the bundled kernels)
-
-__all__ = ["BiasGELU", "BiasGELUFunction", "SEGate", "SEGateFunction", "SiLUFunction",
-           "SiLUMemEff", "bias_gelu", "se_gate", "silu_me"]
+"""Native code shared by the three activation families (kernels/silu, se_gate, bias_gelu): one
+C++ extension (cpu.cpp / cpu.py, one build and one cache entry for the three) and one Triton
+module (triton.py). It registers nothing: each family registers its own impls (native.py)."""

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import torch
 
-from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
-from fusebench.kernels.act.se_gate import _check_gate
 from fusebench.kernels.build import CppKernel
-from fusebench.kernels.registry import register_impl
+from fusebench.kernels.checks import check_bias_gelu, check_gate
 
 EXT_NAME = "fusebench_act_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
@@ -21,7 +19,7 @@ KERNEL = CppKernel(EXT_NAME, SOURCE, "the activation cpu kernels run")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
 
 
-def _dense(x: torch.Tensor) -> torch.Tensor:
+def dense(x: torch.Tensor) -> torch.Tensor:
     """x if NCHW- or channels-last-contiguous, else an NCHW copy (the kernels index densely)."""
     if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
         return x
@@ -42,7 +40,7 @@ def _check(op: str, x: torch.Tensor) -> None:
 # The kernels as torch custom ops (torch.library) with their backward registered as autograd,
 # as ln2d/cpu.py does and for the same reason: aot_autograd and torch.compile can trace a
 # custom op (the fake implementations give output shapes and layouts), not an autograd.Function
-# around a pybind call. The forward ops take x already dense (_dense), and each saves exactly
+# around a pybind call. The forward ops take x already dense (dense), and each saves exactly
 # what its plain-torch twin saves: x, and the small bias / gate logits.
 def _like(x: torch.Tensor) -> torch.Tensor:       # fake output: x's (dense) layout and dtype
     return torch.empty_like(x, memory_format=torch.preserve_format)
@@ -107,32 +105,29 @@ _bias_gelu_fwd.register_autograd(
 @torch.jit.ignore
 def _check_se_gate(x: torch.Tensor, g: torch.Tensor) -> None:
     _check("se_gate", x)
-    _check_gate(x, g)
+    check_gate(x, g)
 
 
 @torch.jit.ignore
 def _check_bg(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
     _check("bias_gelu", x)
-    _check_bias_gelu(x, bias, approximate)
+    check_bias_gelu(x, bias, approximate)
 
 
 # The wrappers call the ops through torch.ops so that torch.jit.script can compile them too.
-@register_impl("silu", "cpu", available=available)
 def silu_cpu(x: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: one vectorised pass per direction (libmvec expf); saves only x."""
     _check("silu", x)
-    return torch.ops.fusebench.silu_cpu_forward(_dense(x))
+    return torch.ops.fusebench.silu_cpu_forward(dense(x))
 
 
-@register_impl("se_gate", "cpu", available=available)
 def se_gate_cpu(x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """C++/OpenMP: backward computes dx and sum_hw(dy * x) in one pass; saves x and g."""
     _check_se_gate(x, gate_logits)
-    return torch.ops.fusebench.se_gate_cpu_forward(_dense(x), gate_logits)
+    return torch.ops.fusebench.se_gate_cpu_forward(dense(x), gate_logits)
 
 
-@register_impl("bias_gelu", "cpu", available=available)
 def bias_gelu_cpu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """C++/OpenMP: add + GELU in one pass; backward dx and dbias in one pass; saves x, bias."""
     _check_bg(x, bias, approximate)
-    return torch.ops.fusebench.bias_gelu_cpu_forward(_dense(x), bias, approximate == "tanh")
+    return torch.ops.fusebench.bias_gelu_cpu_forward(dense(x), bias, approximate == "tanh")

@@ -5,11 +5,8 @@ import functools
 
 import torch
 
-from fusebench.kernels.act.bias_gelu import _check as _check_bias_gelu
-from fusebench.kernels.act.se_gate import _check_gate
-from fusebench.kernels.checks import check_nchw
-from fusebench.kernels.ln2d.triton import available, triton_cdiv, triton_next_pow2
-from fusebench.kernels.registry import register_impl
+from fusebench.kernels.checks import check_bias_gelu, check_gate, check_nchw
+from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_C = 4096        # one program holds all C channels of its block of positions
@@ -159,24 +156,21 @@ class SEGateTritonFunction(torch.autograd.Function):
         return se_gate_triton_bwd(dy, x, g)
 
 
-@register_impl("silu", "triton", available=available)
 def silu_triton(x):
     """Triton elementwise fwd/bwd over the dense storage; saves only x."""
     _check("silu", x)
     return SiLUTritonFunction.apply(x)
 
 
-@register_impl("se_gate", "triton", available=available)
 def se_gate_triton(x, gate_logits):
     """Triton: (n, block of H*W) tiles with all C; bwd writes dx + per-tile sum(dy * x)."""
     _check("se_gate", x)
-    _check_gate(x, gate_logits)
+    check_gate(x, gate_logits)
     return SEGateTritonFunction.apply(x, gate_logits.contiguous())
 
 
-@register_impl("bias_gelu", "triton", available=available)
 def bias_gelu_triton(x, bias, approximate: str = "none"):
     """Triton: add + GELU in one pass; bwd writes dx + per-tile dbias partials."""
     _check("bias_gelu", x)
-    _check_bias_gelu(x, bias, approximate)
+    check_bias_gelu(x, bias, approximate)
     return BiasGELUTritonFunction.apply(x, bias.contiguous(), approximate)

@@ -1,1 +1,3 @@
-"""Depthwise KxK convolution kernels (ConvNeXt's 7x7): a C++ forward/backward on channels-last."""
+"""Depthwise KxK convolution (ConvNeXt's 7x7): aten's forward with a C++ backward on
+channels-last. Importing the package registers its impls and its kernel problem."""
+from fusebench.kernels.dwconv import cpu, problem, reference  # noqa: F401  (registration)

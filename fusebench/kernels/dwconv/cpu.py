@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.build import CppKernel
+from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_dwconv_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
@@ -57,8 +58,9 @@ class DwConvCpuFunction(torch.autograd.Function):
         return dx, dw, db
 
 
+@register_impl("dwconv", "cpu", available=available)
 def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Depthwise conv, stride 1, same padding, odd K: aten forward, fusebench backward."""
+    """aten's depthwise forward + a C++/OpenMP backward on channels-last; saves x and weight."""
     if not runs_on(x):
         raise TypeError(f"dwconv cpu: needs a 4-D CPU float32/float64 x, got {x.dtype} on "
                         f"{x.device}")

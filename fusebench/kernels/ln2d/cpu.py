@@ -93,7 +93,7 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 @register_impl("ln2d", "cpu", available=available)
 def ln2d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
              channels_last_out: bool = False) -> torch.Tensor:
-    """C++/OpenMP kernel: one Welford pass over NCHW, fused backward, NCHW + channels-last.
+    """C++/OpenMP: x read from memory once per direction (Welford + write pass over an L2 tile).
 
     channels_last_out: an NCHW x gives a channels-last y (what permute + layer_norm returns),
     so 1x1 convs after it run oneDNN's NHWC path; backward reads a channels-last dy per tile.

@@ -26,10 +26,19 @@ def ln2d_permute(x, weight, bias, eps: float):
 
 @register_impl("ln2d", "sqm")
 def ln2d_sqm(x, weight, bias, eps: float):
-    """channels-first E[x^2]-E[x]^2 by hand (ConvNeXt's original; loses precision at large mean)."""
+    """one-pass E[x^2]-E[x]^2 by hand: imprecise at large mean (ConvNeXt's is twopass, not this)."""
     u = x.mean(1, keepdim=True)
     s = (x * x).mean(1, keepdim=True) - u * u
     x = (x - u) * torch.rsqrt(s + eps)
+    return x * weight[:, None, None] + bias[:, None, None]
+
+
+@register_impl("ln2d", "twopass")
+def ln2d_twopass(x, weight, bias, eps: float):
+    """channels-first two-pass mean, then mean((x-u)^2), by hand (ConvNeXt's official LayerNorm)."""
+    u = x.mean(1, keepdim=True)
+    s = (x - u).pow(2).mean(1, keepdim=True)
+    x = (x - u) / torch.sqrt(s + eps)
     return x * weight[:, None, None] + bias[:, None, None]
 
 

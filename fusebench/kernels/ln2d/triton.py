@@ -2,35 +2,18 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 
 import torch
 
 from fusebench.kernels.checks import check_nchw
-
 from fusebench.kernels.registry import register_impl
+from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
+
+__all__ = ["available"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_C = 4096        # one program holds all C channels of its block of positions
 TILE = 4096         # elements per program: BLOCK_C * BLOCK_HW (registers, not shared memory)
-
-
-@functools.cache
-def _has_triton() -> bool:  # find_spec walks sys.path: once, not on every `fused` call
-    return importlib.util.find_spec("triton") is not None
-
-
-def available(device: str = "cuda") -> tuple[bool, str]:
-    if not _has_triton():
-        return False, "triton is not installed (pip install triton)"
-    if str(device).startswith("cuda"):
-        if not torch.cuda.is_available():
-            return False, "CUDA is not available"
-        return True, ""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True, ""
-    return False, f"triton runs on CUDA (on {device} only with TRITON_INTERPRET=1)"
 
 
 @functools.cache
@@ -51,10 +34,6 @@ def _blocks(C: int, HW: int) -> tuple[int, int]:
     block_c = triton_next_pow2(C)
     block_hw = max(1, min(triton_next_pow2(HW), TILE // block_c))
     return block_c, block_hw
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -102,10 +81,6 @@ def ln2d_triton_bwd(dy, x, weight, mean, rstd):
                                 BLOCK_C=bc, BLOCK_HW=bhw)
     dw, db = parts.sum(0).to(weight.dtype).unbind(0)
     return dx, dw, db
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class LN2dTritonFunction(torch.autograd.Function):

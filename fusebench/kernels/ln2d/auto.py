@@ -1,7 +1,8 @@
-"""`fused`: the best LN2d kernel for the device: `triton` on CUDA, `cpu` on CPU.
+"""`auto`: not a kernel of its own but a dispatcher to the device's best LN2d kernel: `triton` on
+CUDA, `cpu` on CPU. (Called "fused" before; renamed because "fused" is the mode's name.)
 
 `resolve(device)` names the impl that would really run, so callers (bench, the fuser) can record
-it. If neither builds, `fused` is unavailable with the reason, and callers run `function` under
+it. If neither builds, `auto` is unavailable with the reason, and callers run `function` under
 its own name with a fallback event. Called directly while unavailable, it warns (FallbackWarning,
 which the worker records as an event) and runs `function`: never a silent fallback."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ FALLBACK = "function"
 
 
 class FallbackWarning(UserWarning):
-    """A fused kernel could not be used; a plain-torch implementation ran instead."""
+    """The device's native kernel could not be used; a plain-torch implementation ran instead."""
 
 
 def _device_of(device) -> str:
@@ -23,7 +24,7 @@ def _device_of(device) -> str:
 
 
 def candidate(device) -> str:
-    """The impl `fused` means on this device."""
+    """The impl `auto` means on this device."""
     return "triton" if _device_of(device).startswith("cuda") else "cpu"
 
 
@@ -46,12 +47,12 @@ def available(device: str = "cpu") -> tuple[bool, str]:
 _IMPLS = {"cpu": cpu.ln2d_cpu, "triton": triton.ln2d_triton}
 
 
-@register_impl("ln2d", "fused", available=available)
-def ln2d_fused(x, weight, bias, eps: float):
-    """Best kernel for the device: triton on CUDA, cpu (C++/OpenMP) on CPU."""
+@register_impl("ln2d", "auto", available=available)
+def ln2d_auto(x, weight, bias, eps: float):
+    """Dispatch to the device's kernel: triton on CUDA, cpu (C++/OpenMP) on CPU."""
     name, reason = resolve(x.device)
     if name is None:
-        warnings.warn(f"ln2d fused unavailable ({reason}); ran '{FALLBACK}' instead",
+        warnings.warn(f"ln2d auto unavailable ({reason}); ran '{FALLBACK}' instead",
                       FallbackWarning, stacklevel=2)
         return function.ln2d_function(x, weight, bias, eps)
     return _IMPLS[name](x, weight, bias, eps)

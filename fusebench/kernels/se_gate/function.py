@@ -9,13 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fusebench.kernels.checks import check_gate
 from fusebench.kernels.registry import get_impl, register_impl
-
-
-def _check_gate(x: torch.Tensor, g: torch.Tensor) -> None:
-    if x.dim() != 4 or tuple(g.shape) != (x.shape[0], x.shape[1], 1, 1):
-        raise ValueError(f"se_gate: expected x (N, C, H, W) and gate_logits (N, C, 1, 1), got "
-                         f"{tuple(x.shape)} and {tuple(g.shape)}")
 
 
 def se_gate_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -49,7 +44,7 @@ class SEGateFunction(torch.autograd.Function):
 
 def se_gate(x: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(gate_logits), gate_logits (N, C, 1, 1); saves x and gate_logits only."""
-    _check_gate(x, gate_logits)
+    check_gate(x, gate_logits)
     return SEGateFunction.apply(x, gate_logits)
 
 

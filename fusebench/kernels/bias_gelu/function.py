@@ -9,17 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusebench.kernels.checks import GELU_APPROXIMATE, check_bias_gelu
 from fusebench.kernels.registry import get_impl, register_impl
 
-APPROXIMATE = ("none", "tanh")
-
-
-def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
-    if approximate not in APPROXIMATE:
-        raise ValueError(f"bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    if x.dim() != 4 or bias.dim() != 1 or bias.numel() != x.shape[1]:
-        raise ValueError(f"bias_gelu: expected x (N, C, H, W) and bias (C,), got "
-                         f"{tuple(x.shape)} and {tuple(bias.shape)}")
+APPROXIMATE = GELU_APPROXIMATE
 
 
 def _bc(bias: torch.Tensor) -> torch.Tensor:
@@ -58,7 +51,7 @@ class BiasGELUFunction(torch.autograd.Function):
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """gelu(x + bias[c]) that saves only x and bias for backward."""
-    _check(x, bias, approximate)
+    check_bias_gelu(x, bias, approximate)
     return BiasGELUFunction.apply(x, bias, approximate)
 
 

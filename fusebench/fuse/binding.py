@@ -1,0 +1,136 @@
+"""Impl binding: which registered kernel impl each fused op calls, resolved once per fuse().
+
+The maths lives in fusebench.kernels (act families, ln2d); here only which impl runs. A
+multi-op Function needs an impl's *pure* forward/backward pair (no autograd node of its own),
+so each act impl is listed with its pair, in one call convention:
+  silu: fwd(x) -> y, bwd(dy, x) -> dx;   se_gate: fwd(x, g) -> y, bwd(dy, x, g) -> (dx, dg);
+  bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db)."""
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fusebench.kernels import get_impl
+from fusebench.kernels.act import cpu as act_cpu
+from fusebench.kernels.act import triton as act_triton
+from fusebench.kernels.ln2d import auto as ln2d_auto
+
+
+@dataclass(frozen=True)
+class Pure:
+    impl: str
+    fwd: Callable
+    bwd: Callable
+
+
+def _function_pairs() -> dict[str, tuple[Callable, Callable]]:
+    # looked up when bound, not at import, so a spy on the family module sees the calls
+    out = {}
+    for family in ("silu", "se_gate", "bias_gelu"):
+        mod = importlib.import_module(f"fusebench.kernels.{family}.function")
+        out[family] = (getattr(mod, f"{family}_fwd"), getattr(mod, f"{family}_bwd"))
+    return out
+
+
+def _cpu_pairs() -> dict[str, tuple[Callable, Callable]]:
+    ext, d = act_cpu.extension(), act_cpu.dense
+    return {"silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
+            "se_gate": (lambda x, g: ext.se_gate_forward(d(x), g),
+                        lambda dy, x, g: tuple(ext.se_gate_backward(dy, x, g))),
+            "bias_gelu": (lambda x, b, a: ext.bias_gelu_forward(d(x), b, a == "tanh"),
+                          lambda dy, x, b, a: tuple(ext.bias_gelu_backward(dy, x, b,
+                                                                           a == "tanh")))}
+
+
+def _triton_pairs() -> dict[str, tuple[Callable, Callable]]:
+    tr = act_triton
+    return {"silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
+            "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
+            "bias_gelu": (lambda x, b, a: tr.bias_gelu_triton_fwd(x, b, a == "tanh"),
+                          lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b, a == "tanh"))}
+
+
+# impl name -> its pure pairs per act family (built when first bound: cpu loads its extension)
+PAIRS: dict[str, Callable[[], dict[str, tuple[Callable, Callable]]]] = {
+    "function": _function_pairs, "cpu": _cpu_pairs, "triton": _triton_pairs}
+
+
+def pure_pair(family: str, impl: str) -> Pure:
+    if impl not in PAIRS:
+        raise KeyError(f"no pure fwd/bwd pair for {family} impl {impl!r}")
+    return Pure(impl, *PAIRS[impl]()[family])
+
+
+def _by_layout(cl: Pure, nchw: Pure) -> Pure:
+    """One pair that runs `cl` on channels-last x and `nchw` otherwise (decided by x's strides,
+    both pairs bound once)."""
+    def pick(x):
+        return cl if x.is_contiguous(memory_format=torch.channels_last) \
+            and not x.is_contiguous() else nchw
+    return Pure(f"{cl.impl}|{nchw.impl}", lambda x, *a: pick(x).fwd(x, *a),
+                lambda dy, x, *a: pick(x).bwd(dy, x, *a))
+
+
+# Best impl per device, by measurement (timings in docs/fused.md). On CPU the C++ se_gate pays
+# (one-pass backward); the C++ silu backward is slower than aten's, so "function"; the C++
+# bias_gelu pays on channels-last x (what the MLP sees after the LN2d kernel) but not on NCHW:
+# "a|b" runs a on channels-last x and b otherwise.
+PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton"},
+             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function"}}
+FALLBACK_IMPL = "function"
+
+
+def bind_act(family: str, device: str, notes: list, impl: str | None = None) -> Pure:
+    """The pure pair of `impl` (default: PREFERRED for the device; "a|b" = a on channels-last
+    x, b otherwise) if usable here, else `function` with a kernel_fallback note. Resolved once
+    per fuse(), never per call."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or PREFERRED[kind][family]
+    pairs = [_bind_one(family, n, device, notes) for n in name.split("|")]
+    pair = pairs[0] if len(pairs) == 1 else _by_layout(*pairs)
+    notes.append(("info", f"{family}: kernel = '{pair.impl}'"))
+    return pair
+
+
+def _bind_one(family: str, name: str, device: str, notes: list) -> Pure:
+    ok, reason = get_impl(family, name).available(str(device))
+    if ok and name == "cpu":
+        ok, reason = act_cpu.build()             # a compile error shows up here, not mid-step
+    if ok:
+        return pure_pair(family, name)
+    notes.append(("kernel_fallback", f"{family} '{name}' unavailable ({reason}); "
+                                     f"ran '{FALLBACK_IMPL}' instead"))
+    return pure_pair(family, FALLBACK_IMPL)
+
+
+def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
+    """The impl ln2d `auto` means here (cpu / triton), or `function` with a kernel_fallback note.
+
+    cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel with channels_last_out=True:
+    y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp 1x1
+    convs after it run oneDNN's NHWC path (NCHW made convnext_atto's conv time ~1.9x in a train
+    step). A channels-last x (everything after the first LN) runs aten's layer_norm over the
+    free NHWC view: measured faster than the C++ kernel's channels-last path for C >= 80
+    (docs/fused.md)."""
+    name, reason = ln2d_auto.resolve(device)
+    if name is None:
+        notes.append(("kernel_fallback", f"ln2d auto unavailable ({reason}); "
+                                         f"ran '{ln2d_auto.FALLBACK}' instead"))
+        return ln2d_auto.FALLBACK, get_impl("ln2d", ln2d_auto.FALLBACK).fn
+    fn = get_impl("ln2d", name).fn
+    if name == "cpu":
+        name, fn = "cpu|channels_last", _ln2d_by_layout(
+            functools.partial(fn, channels_last_out=True), get_impl("ln2d", "channels_last").fn)
+    notes.append(("info", f"ln2d: kernel = '{name}'"))
+    return name, fn
+
+
+def _ln2d_by_layout(nchw: Callable, cl: Callable) -> Callable:
+    def ln2d(x, weight, bias, eps):
+        dense_cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        return (cl if dense_cl else nchw)(x, weight, bias, eps)
+    return ln2d

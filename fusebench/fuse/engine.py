@@ -1,0 +1,70 @@
+"""The engine: several basic ops in one autograd.Function (TransformerEngine `ops/fuser.py` style).
+
+A MultiOpKernel is pure functions over groups of parameters, one group per basic op. The number
+of parameters each op owns is captured in forward (`ctx.counts`) and used in backward to split
+the gradients; backward never calls `parameters()`. Under FSDP1(use_orig_params=True)
+`parameters()` returns [] during backward, which is how a well-known fused-op framework died
+with "Expected op 0 to generate 0 param grads, but got 2"."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MultiOpKernel:
+    """fwd(x, groups) -> (y, saved tensors); bwd(dy, saved, groups) -> (dx, grads per group)."""
+    name: str
+    fwd: Callable
+    bwd: Callable
+
+
+def split_groups(flat: tuple, counts: tuple[int, ...]) -> tuple[tuple, ...]:
+    """flat parameters -> one tuple per op, `counts[i]` long each."""
+    out, i = [], 0
+    for n in counts:
+        out.append(tuple(flat[i:i + n]))
+        i += n
+    return tuple(out)
+
+
+class MultiOpFunction(torch.autograd.Function):
+    """Runs a MultiOpKernel. Every tensor backward needs goes through save_for_backward, so saved
+    tensor hooks (activation bytes) see it."""
+
+    @staticmethod
+    def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, *flat):
+        y, saved = kernel.fwd(x, split_groups(flat, counts))
+        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(saved)   # captured here
+        ctx.save_for_backward(*saved, *flat)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        tensors = ctx.saved_tensors
+        saved, groups = tensors[:ctx.n_saved], split_groups(tensors[ctx.n_saved:], ctx.counts)
+        dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
+        for i, (g, dg) in enumerate(zip(groups, dgroups)):
+            if len(dg) != len(g):
+                raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
+                                   f"but got {len(dg)}")
+        return (None, None, dx, *[d for dg in dgroups for d in dg])
+
+
+def run_ops(kernel: MultiOpKernel, x: torch.Tensor, groups) -> torch.Tensor:
+    """groups: one tuple of Parameters per basic op, read from the owning modules at call time
+    (FSDP swaps them per forward). The counts travel with the autograd node."""
+    groups = tuple(tuple(p for p in g if p is not None) for g in groups)
+    counts = tuple(len(g) for g in groups)
+    return MultiOpFunction.apply(kernel, counts, x, *[p for g in groups for p in g])
+
+
+def conv_bwd(dy, x, w, bias: bool, padding=(0, 0), groups=1):
+    """(dx, dw, db|None) of conv2d(x, w, b, stride 1): aten's own backward, same as eager."""
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        dy, x, w, [w.shape[0]] if bias else None, (1, 1), padding, (1, 1), False, (0, 0),
+        groups, (True, True, bias))
+    return dx, dw, db

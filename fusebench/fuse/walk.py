@@ -1,0 +1,71 @@
+"""The model walk: apply fusions, in a given order, to a model's submodules, and count what no
+fusion covered."""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from fusebench.fuse.rule import FUSIONS, FuseContext, FusedModule, Fusion
+
+
+@dataclass
+class FuseResult:
+    model: nn.Module
+    sites: Counter                   # fusion name -> modules rewritten
+    unfused: Counter                 # leaf module type -> count, outside every fused module
+    notes: list[tuple[str, str]]
+
+
+def fuse_in_order(model: nn.Module, order: list[str], bench: str = "train", device: str = "cpu",
+                  impls: dict[str, str] | None = None) -> FuseResult:
+    """Apply the fusions named in `order` (those for `bench`), in that order. Train: submodules
+    are swapped in place (same Parameters, same names; the root is never replaced). Infer: a
+    fused deep copy. A module a fusion replaced is not visited again."""
+    if bench == "infer":
+        model = copy.deepcopy(model)
+    ctx = FuseContext(bench, str(device), impls=dict(impls or {}))
+    sites: Counter = Counter()
+    for fusion in FUSIONS.resolve(order):
+        if bench not in fusion.benches:
+            continue
+        root = (fusion.rewrite(model, ctx) if bench == "infer" and type(model) in fusion.matches
+                else None)      # the root is replaced only on the inference copy
+        if root is not None:
+            model, sites[fusion.name] = root.train(model.training), sites[fusion.name] + 1
+        sites[fusion.name] += _apply(model, fusion, ctx)
+    return FuseResult(model, +sites, unfused_leaves(model), ctx.notes)
+
+
+def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
+    """Rewrite matching children of `mod` (recursively, outside fused modules); returns how
+    many were replaced. Exact type match: a subclass may change forward."""
+    n = 0
+    for name, child in list(mod.named_children()):
+        if isinstance(child, FusedModule):
+            continue
+        new = fusion.rewrite(child, ctx) if type(child) in fusion.matches else None
+        if new is not None:
+            new.train(child.training)
+            setattr(mod, name, new)
+            n += 1
+        else:
+            n += _apply(child, fusion, ctx)
+    return n
+
+
+def unfused_leaves(model: nn.Module) -> Counter:
+    out: Counter = Counter()
+
+    def walk(mod: nn.Module):
+        if isinstance(mod, FusedModule):
+            return
+        children = list(mod.children())
+        if not children and mod is not model:
+            out[type(mod).__name__] += 1
+        for c in children:
+            walk(c)
+    walk(model)
+    return out

@@ -1,0 +1,8 @@
+"""The se_gate family's native impls: `cpu` (C++/OpenMP) and `triton`. Their code is shared with
+the other activation families in kernels/act (one C++ extension, one Triton module); the
+family registers them here under its own name."""
+from fusebench.kernels.act import cpu, triton
+from fusebench.kernels.registry import register_impl
+
+register_impl("se_gate", "cpu", available=cpu.available)(cpu.se_gate_cpu)
+register_impl("se_gate", "triton", available=triton.available)(triton.se_gate_triton)
