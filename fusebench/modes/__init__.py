@@ -3,15 +3,7 @@ subclass declaring its options and dist support) plus its name in _load_all."""
 from __future__ import annotations
 
 from fusebench.modes.base import Mode
-from fusebench.registry import Registry
-
-MODES: Registry[Mode] = Registry("mode")
-
-
-def register_mode(cls):
-    """Class decorator: registers one instance under cls.name."""
-    MODES.add(cls.name, cls())
-    return cls
+from fusebench.modes.registry import MODES, register_mode
 
 
 def _load_all() -> None:

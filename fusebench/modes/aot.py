@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fusebench.modes import register_mode
+from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 from fusebench.modes.options import ModeOption
 

@@ -10,7 +10,7 @@ import shutil
 
 import torch
 
-from fusebench.modes import register_mode
+from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 from fusebench.modes.options import ModeOption
 

@@ -1,5 +1,5 @@
 """eager: the model as written. The baseline every other mode is compared with."""
-from fusebench.modes import register_mode
+from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 
 

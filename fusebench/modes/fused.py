@@ -8,7 +8,7 @@ Train: submodules are swapped in place, keeping the same Parameters under the sa
 optimizer, the correctness check and FSDP see them). Infer: a fused copy (conv+BN folded)."""
 from __future__ import annotations
 
-from fusebench.modes import register_mode
+from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 
 

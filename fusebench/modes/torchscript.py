@@ -8,7 +8,8 @@ from collections import Counter
 
 import torch
 
-from fusebench.modes import jit_ids, register_mode
+from fusebench.modes import jit_ids
+from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 from fusebench.modes.options import DIST_KINDS, ModeOption
 
