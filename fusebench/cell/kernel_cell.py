@@ -160,12 +160,10 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     for shape in shapes:
         for impl in impls:
             for mode in modes:
-                extra = (("direction", req.direction), ("impl", impl), ("shape", list(shape)))
-                specs.append(CellSpec(
-                    model=req.family, mode=mode, bench=req.direction, batch_size=shape[0],
-                    img_size=shape[2], channels_last=req.channels_last, dtype=req.dtype,
-                    device=req.device, warmup=req.warmup, steps=req.steps, seed=req.seed,
-                    timeout=req.timeout, kind="kernel", extra=extra))
+                specs.append(CellSpec.for_kernel(
+                    req.family, impl, shape, mode, direction=req.direction,
+                    channels_last=req.channels_last, dtype=req.dtype, device=req.device,
+                    warmup=req.warmup, steps=req.steps, seed=req.seed, timeout=req.timeout))
     return specs
 
 
@@ -263,7 +261,7 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
     from fusebench.measure.correctness import grad_errs, rel_err
     problem = module.problem
     dtype = DTYPES[spec.dtype]
-    direction = dict(spec.extra)["direction"]
+    direction = spec.kernel.direction
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last, seed)
     with torch.no_grad():
         for name, p in zip(problem.params, module.inputs()):
@@ -420,24 +418,23 @@ def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tup
 
 
 def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
-    ex = dict(spec.extra)
-    impl, shape, direction = ex["impl"], list(ex["shape"]), ex.get("direction", "fwdbwd")
+    k = spec.kernel
+    impl, shape, direction = k.impl, list(k.shape), k.direction
     events = EventLog()
-    extra: dict[str, Any] = {"family": spec.model, "impl": impl, "shape": shape,
-                             "direction": direction, "gbps": None, "pct_of_copy": None,
-                             "cell": spec.to_dict()}
+    # measured kernel figures (gbps, pct_of_copy, copy_*_gbps, bytes, max_err) and ran_impl
+    extra: dict[str, Any] = {"gbps": None, "pct_of_copy": None}
 
     def record(status, **kw):
-        return Record.for_spec(spec, status, events=events.events(), extra=extra, **kw)
+        return Record(spec, status, events=events.events(), extra=extra, **kw)
 
     torch.manual_seed(spec.seed)
     try:
         with events.capture_warnings():
-            ran, fn = _resolve_fn(problem_of(spec.model), impl, spec.device, events, phase)
+            ran, fn = _resolve_fn(problem_of(k.family), impl, spec.device, events, phase)
     except _Unavailable as e:
         return record("unavailable", error=ErrorInfo("Unavailable", str(e)))
     if ran != impl:
-        extra.update(impl=ran, requested_impl=impl)
+        extra["ran_impl"] = ran        # the spec keeps the impl that was asked for
     from fusebench.modes import get_mode
     mode = get_mode(spec.mode)
     ok, reason = mode.available(spec.options(), spec.device)
@@ -453,7 +450,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
 
 def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record) -> Record:
     from fusebench.measure.timer import time_call
-    problem = problem_of(spec.model)
+    problem = problem_of(spec.kernel.family)
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last,
                                 spec.seed + 1)
     module = impl_module(fn, problem, params)
