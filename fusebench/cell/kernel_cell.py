@@ -256,8 +256,16 @@ def _run_once(call, module: ImplModule, x, dy, direction: str):
     return y.detach(), dict(zip(module.problem.grad_names(), grads))
 
 
-def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
-    """(passed, err_out, err_grad, detail) on fresh random inputs vs the float64 reference."""
+@dataclasses.dataclass(frozen=True)
+class KernelCheck:
+    passed: bool
+    err_out: float | None
+    err_grad: float | None
+    detail: str | None
+
+
+def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelCheck:
+    """One correctness check on fresh random inputs vs the float64 reference."""
     from fusebench.measure.correctness import grad_errs, rel_err
     problem = module.problem
     dtype = DTYPES[spec.dtype]
@@ -275,12 +283,12 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
     if grads is not None:
         missing = [k for k, v in grads.items() if v is None]
         if missing:
-            return False, err_out, math.inf, f"no gradient for {', '.join(missing)}"
+            return KernelCheck(False, err_out, math.inf, f"no gradient for {', '.join(missing)}")
         errs = grad_errs(grads, g_ref, list(g_ref), 1e-3)   # floor: 1e-3 x the largest grad
         err_grad = max(errs.values())
         bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
     detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None
-    return not bad, err_out, err_grad, detail
+    return KernelCheck(not bad, err_out, err_grad, detail)
 
 
 def saved_bytes(call, module, x, direction: str) -> int | None:
@@ -474,11 +482,11 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
     gbps = nbytes / stats.median / 1e6
     extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copies["copy_gbps"], **copies,
                  bytes=nbytes)
-    passed = first[0] and after[0]
-    errs_out = [e for e in (first[1], after[1]) if e is not None]
-    errs_grad = [e for e in (first[2], after[2]) if e is not None]
-    detail = "; ".join(f"{at}: {c[3]}" for at, c in (("first_call", first),
-                                                      ("after_timing", after)) if c[3])
+    passed = first.passed and after.passed
+    errs_out = [c.err_out for c in (first, after) if c.err_out is not None]
+    errs_grad = [c.err_grad for c in (first, after) if c.err_grad is not None]
+    detail = "; ".join(f"{at}: {c.detail}" for at, c in (("first_call", first),
+                                                         ("after_timing", after)) if c.detail)
     corr = Correctness(passed=passed, max_rel_err_out=_finite(max(errs_out, default=None)),
                        max_rel_err_grad=_finite(max(errs_grad, default=None)),
                        checked_at=("first_call", "after_timing"), detail=detail or None)

@@ -8,7 +8,8 @@ One row per record. The record's spec gives the identity columns (model, bench, 
 img_size for model cells; family, impl, shape, direction for kernel cells; dist, nproc,
 world_size for distributed ones; mode, dtype, device, ... for all) and a `spec` column with the
 whole spec; nested fields are flattened with dots (step_ms.median, correctness.passed,
-error.type); extra record keys (gbps, tflops, telemetry, exit_code) become their own columns; the run's environment is flattened into columns prefixed "env." (env.torch.version,
+error.type); extra record keys (gbps, tflops, telemetry, exit_code) become their own columns;
+the run's environment is flattened into columns prefixed "env." (env.torch.version,
 env.cpu.model, ...); "file" says which document a row came from.
 """
 from __future__ import annotations
@@ -24,8 +25,9 @@ from fusebench.results.document import load
 from fusebench.spec import CellSpec
 
 # Columns of the compact (markdown) export, in this order, when present.
-SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench", "batch_size", "img_size", "channels_last",
-                   "dtype", "device", "status", "throughput", "step_ms.median", "step_ms.iqr",
+SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
+                   "batch_size", "img_size", "channels_last", "dtype", "device", "status",
+                   "throughput", "step_ms.median", "step_ms.iqr",
                    "step_ms.n", "compile_s", "peak_mem_bytes", "activation_bytes", "gbps",
                    "correctness.passed", "n_events", "error.type")
 
