@@ -1,4 +1,10 @@
-"""Specs (what to run) and records (what came out). Frozen dataclasses, plain JSON in and out."""
+"""Specs (what to run) and records (what came out). Frozen dataclasses, plain JSON in and out.
+
+A CellSpec is typed by its parts: a ModelPart (model cells) or a KernelPart (kernel cells), plus
+a DistPart for torchrun-launched model cells; no field means one thing for models and another
+for kernels. A Record holds the CellSpec it ran (as torch.utils.benchmark's Measurement holds its
+TaskSpec): identity, cell key, variant and labels all come from `record.spec`.
+"""
 from __future__ import annotations
 
 import dataclasses
