@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fusebench.results.document import new_document, save
-from fusebench.spec import Correctness, Event, Record, StepStats
+from fusebench.spec import CellSpec, Correctness, Event, Record, StepStats
 
 FAKE_ENV: dict[str, Any] = {
     "fusebench": "0.1.0",
@@ -56,17 +56,17 @@ def model_record(model: str = "convnext_tiny", mode: str = "eager", *, base_ms: 
                  dtype: str = "float32", device: str = "cpu", status: str = "ok",
                  peak_mem_bytes: int | None = 1_500_000_000,
                  activation_bytes: int | None = 600_000_000, compile_s: float | None = 1.5,
-                 extra: dict[str, Any] | None = None) -> Record:
-    """One model record; status != 'ok' gives a failure record without timing."""
+                 extra: dict[str, Any] | None = None, spec: CellSpec | None = None) -> Record:
+    """One model record (or one for `spec`); status != 'ok' gives a failure record."""
+    spec = spec or CellSpec.for_model(model, mode, bench=bench, batch_size=batch_size,
+                                      img_size=img_size, channels_last=channels_last,
+                                      dtype=dtype, device=device)
     if status != "ok":
-        return Record(model=model, mode=mode, bench=bench, batch_size=batch_size,
-                      img_size=img_size, channels_last=channels_last, dtype=dtype, device=device,
-                      status=status, extra=dict(extra or {}))
+        return Record(spec, status, extra=dict(extra or {}))
     st = StepStats.from_samples(samples(base_ms, n, sigma, seed))
     return Record(
-        model=model, mode=mode, bench=bench, batch_size=batch_size, img_size=img_size,
-        channels_last=channels_last, dtype=dtype, device=device, status="ok",
-        params=28_600_000, gflops=4.5, throughput=batch_size * 1000.0 / st.median, step_ms=st,
+        spec, "ok", params=28_600_000, gflops=4.5,
+        throughput=spec.samples_per_step * 1000.0 / st.median, step_ms=st,
         compile_s=compile_s, peak_mem_bytes=peak_mem_bytes, activation_bytes=activation_bytes,
         events=(Event("warning", "python", "synthetic warning"),) if mode != "eager" else (),
         correctness=Correctness(True, 1e-6, 1e-5, ("first", "steady")),
@@ -75,15 +75,17 @@ def model_record(model: str = "convnext_tiny", mode: str = "eager", *, base_ms: 
 
 def kernel_record(impl: str = "permute", *, family: str = "ln2d", base_ms: float = 1.0,
                   shape: tuple[int, ...] = (8, 64, 56, 56), direction: str = "fwd",
-                  seed: int = 0, n: int = 40, sigma: float = 0.03, **kw: Any) -> Record:
-    """A kernel record as `fusebench kernel` writes it: mode = impl, kernel keys in extra."""
+                  seed: int = 0, n: int = 40, sigma: float = 0.03, mode: str = "eager",
+                  **kw: Any) -> Record:
+    """A kernel record as `fusebench kernel` writes it: identity in spec.kernel, GB/s in extra."""
     numel = int(np.prod(shape))
-    extra = {"family": family, "impl": impl, "shape": list(shape), "direction": direction,
-             "gbps": 2 * 4 * numel / (base_ms * 1e-3) / 1e9, "pct_of_copy": 50.0}
-    return model_record(family, impl, base_ms=base_ms, seed=seed, n=n, sigma=sigma,
-                        batch_size=shape[0], img_size=shape[-1], bench=direction,
+    extra = {"gbps": 2 * 4 * numel / (base_ms * 1e-3) / 1e9, "pct_of_copy": 50.0}
+    spec = CellSpec.for_kernel(family, impl, shape, mode, direction=direction,
+                               **{k: kw.pop(k) for k in ("channels_last", "dtype", "device")
+                                  if k in kw})
+    return model_record(family, mode, base_ms=base_ms, seed=seed, n=n, sigma=sigma,
                         extra=extra, peak_mem_bytes=None, activation_bytes=None,
-                        compile_s=None, **kw)
+                        compile_s=None, spec=spec, **kw)
 
 
 def document(records: list[Record], env: dict[str, Any] | None = None) -> dict[str, Any]:

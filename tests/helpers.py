@@ -25,7 +25,7 @@ def tiny_spec(**kw):
     base = dict(model=TINY, mode="eager", batch_size=4, warmup=1, steps=3, device="cpu",
                 timeout=120.0, threads=1)   # tiny shapes: one thread is fastest
     base.update(kw)
-    return CellSpec(**base)
+    return CellSpec.for_model(base.pop("model"), base.pop("mode"), **base)
 
 
 os.environ.setdefault("FUSEBENCH_TEST", "1")

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fusebench.cli import main
+from fusebench.results.document import SCHEMA_VERSION
 from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,7 +264,7 @@ def test_factory_that_raises_at_build_is_a_cell_error_not_a_usage_error():
     from fusebench.run.plan import RunRequest, plan_run
     from tests.helpers import RAISING
     specs = plan_run(RunRequest(models=RAISING, modes="eager", batch_sizes="2"))
-    assert [s.model for s in specs] == [RAISING]
+    assert [s.model.name for s in specs] == [RAISING]
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -331,7 +332,7 @@ RESULTS_CASES = st.one_of(
         st.just({"schema": "pyperf/1.0", "records": []}),
         st.just({"schema": 3, "records": []}),
         st.lists(st.integers(), max_size=3), st.integers(), st.just(None))),
-    st.tuples(st.just("newer"), st.integers(2, 10**6)),
+    st.tuples(st.just("newer"), st.integers(SCHEMA_VERSION + 1, 10**6)),
     st.tuples(st.just("truncated"), st.floats(0.05, 0.97)),
     st.tuples(st.just("bad_record"), st.sampled_from([
         {"status": "great"}, {"events": 5}, {"step_ms": {"x": 1}}, {"error": "boom"},

@@ -22,11 +22,11 @@ def test_run_saves_document_and_prints_table(tmp_path):
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
     doc = load(files[0])
-    assert doc["schema"] == "fusebench/1" and doc["env"]["torch"]["version"]
+    assert doc["schema"] == "fusebench/2" and doc["env"]["torch"]["version"]
     recs = doc["records"]
-    assert [r["mode"] for r in recs] == ["eager", "aot"]
+    assert [r["spec"]["mode"] for r in recs] == ["eager", "aot"]
     for r in recs:
-        assert r["status"] == "ok" and r["img_size"] == 16 and r["params"] == 330  # conv 224 + bn 16 + fc 90
+        assert r["status"] == "ok" and r["spec"]["model"]["img_size"] == 16 and r["params"] == 330  # conv 224 + bn 16 + fc 90
         assert r["step_ms"]["n"] == 2 and len(r["step_ms"]["samples"]) == 2
         assert r["throughput"] > 0 and r["activation_bytes"] > 0
     assert recs[1]["correctness"]["passed"] is True
@@ -80,7 +80,7 @@ def test_real_subprocess_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     rec = doc["records"][0]
-    assert rec["bench"] == "infer" and rec["status"] == "ok"
+    assert rec["spec"]["model"]["bench"] == "infer" and rec["status"] == "ok"
     assert rec["activation_bytes"] is None        # nothing is saved for backward in inference
     saved = list(tmp_path.glob("*.json"))
     assert len(saved) == 1 and load(saved[0])["records"] == doc["records"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from factories import fake_env, kernel_record, model_record, modes_run, samples, write_results
 from fusebench.results import stats
 from fusebench.cli import app
-from fusebench.results.compare import compare_files
+from fusebench.results.compare import METRICS, compare_files, compare_modes
 
 runner = CliRunner()
 
@@ -137,6 +137,49 @@ def test_kernel_records_compare_by_impl(tmp_path):
     cmp = compare_files([p], baseline="permute", metric="step_ms")
     fused = next(r for r in cmp.rows if r.variant == "fused")
     assert "faster" in fused.verdict and fused.ratio.gain == pytest.approx(2.0, rel=0.03)
+
+
+def test_kernel_records_group_by_spec(tmp_path):
+    """Each (shape, direction, mode) is its own cell; impls are the variants inside it; a
+    model record never joins a kernel cell even when its numbers look alike."""
+    small, big = (8, 64, 56, 56), (8, 128, 56, 56)
+    recs = [kernel_record("permute", base_ms=2.0, seed=1, shape=small),
+            kernel_record("fused", base_ms=1.0, seed=2, shape=small),
+            kernel_record("permute", base_ms=4.0, seed=3, shape=big),
+            kernel_record("fused", base_ms=1.0, seed=4, shape=big),
+            kernel_record("permute", base_ms=2.0, seed=5, shape=small, direction="bwd"),
+            kernel_record("fused", base_ms=2.0, seed=6, shape=small, mode="compile"),
+            model_record("ln2d", "eager", bench="fwd", batch_size=8, img_size=56)]
+    cmp = compare_modes(recs, METRICS["step_ms"], baseline="permute")
+    groups: dict[int, list[str]] = {}
+    for r in cmp.rows:
+        groups.setdefault(r.group, []).append(f"{r.config}:{r.variant}")
+    assert sorted(groups.values()) == sorted([
+        ["fwd 8x64x56x56 fp32 cpu:permute", "fwd 8x64x56x56 fp32 cpu:fused"],
+        ["fwd 8x128x56x56 fp32 cpu:permute", "fwd 8x128x56x56 fp32 cpu:fused"],
+        ["bwd 8x64x56x56 fp32 cpu:permute"],
+        ["fwd 8x64x56x56 compile fp32 cpu:fused"],
+        ["fwd b8 56 fp32 cpu:eager"]])
+    gains = {r.config: r.ratio.gain for r in cmp.rows if r.ratio is not None}
+    assert gains["fwd 8x64x56x56 fp32 cpu"] == pytest.approx(2.0, rel=0.03)
+    assert gains["fwd 8x128x56x56 fp32 cpu"] == pytest.approx(4.0, rel=0.03)
+    # across runs the spec is the match key too
+    a = write_results(tmp_path / "a.json", recs[:4])
+    b = write_results(tmp_path / "b.json", recs[2:4])
+    runs = compare_files([a, b], metric="step_ms")
+    assert any("only in a.json: ln2d fwd 8x64x56x56" in w for w in runs.warnings)
+    assert {r.config for r in runs.rows} == {"fwd 8x128x56x56 fp32 cpu"}
+
+
+def test_run_table_speedup_is_compares(tmp_path):
+    """The run table's 'vs eager' column and compare's step-time gain are one computation."""
+    from fusebench.results.compare import speedups
+    recs = modes_run(speed={"eager": 100.0, "compile": 80.0, "aot": 50.0})
+    sp = speedups(recs, "eager")
+    cmp = compare_modes(recs, METRICS["step_ms"])
+    assert sp[0] == 1.0
+    for i, row in zip((1, 2), cmp.rows[1:]):
+        assert sp[i] == pytest.approx(row.ratio.gain, rel=1e-12)
 
 
 # --- CLI ----------------------------------------------------------------------------------------

@@ -179,9 +179,8 @@ def test_plan_puts_dist_settings_into_the_spec():
     from fusebench.run.plan import RunRequest, plan_run
     specs = plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu",
                                 dist="fsdp1", nproc=2))
-    extra = dict(specs[0].extra)
-    assert extra["dist"] == "fsdp1" and extra["nproc"] == 2
-    assert DistSettings.from_spec(specs[0]).world_size == 2
+    d = specs[0].dist
+    assert d.kind == "fsdp1" and d.nproc == 2 and d.world_size == 2
     with pytest.raises(UsageError):
         plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu", dist="ddp"))
 
@@ -201,17 +200,17 @@ def test_launch_command_uses_torchrun_on_loopback(tmp_path):
 
 def _rank_record(spec, rank, median, peak, status="ok", passed=True):
     st = StepStats.from_samples([median] * 5)
-    return Record.for_spec(spec, status, step_ms=st, throughput=spec.batch_size / median * 1e3,
-                           peak_mem_bytes=peak, correctness=Correctness(passed, 1e-7, 1e-6),
-                           extra={"rank": rank})
+    return Record(spec, status, step_ms=st,
+                  throughput=spec.model.batch_size / median * 1e3, peak_mem_bytes=peak,
+                  correctness=Correctness(passed, 1e-7, 1e-6), extra={"rank": rank})
 
 
 def test_aggregate_sums_throughput_and_keeps_per_rank_medians():
     d = validate("ddp", 2)
-    spec = CellSpec(model="m", mode="eager", batch_size=8, extra=d.to_extra())
+    spec = CellSpec.for_model("m", "eager", batch_size=8, dist=d)
     rec = aggregate(spec, d, {0: _rank_record(spec, 0, 100.0, 10), 1: _rank_record(spec, 1,
                                                                                     200.0, 30)})
-    assert rec.status == "ok" and rec.extra["world_size"] == 2
+    assert rec.status == "ok" and rec.spec.dist.world_size == 2 and "rank" not in rec.extra
     assert rec.throughput == pytest.approx(8 / 0.1 + 8 / 0.2)
     assert rec.step_ms.median == 200.0 and rec.peak_mem_bytes == 30
     assert rec.extra["rank_step_ms_median"] == {"0": 100.0, "1": 200.0}
@@ -225,9 +224,9 @@ def test_aggregate_sums_throughput_and_keeps_per_rank_medians():
 def test_modes_that_cannot_work_under_a_wrapper_are_unavailable_without_launch():
     from fusebench.run.runner import run_one
     d = validate("fsdp2", 2)
-    rec = run_one(CellSpec(model="m", mode="torchscript", extra=d.to_extra()))
+    rec = run_one(CellSpec.for_model("m", "torchscript", dist=d))
     assert rec.status == "unavailable" and "fsdp2" in rec.error.message
-    assert rec.extra["world_size"] == 2
+    assert rec.spec.dist.world_size == 2
 
 
 @pytest.mark.slow
@@ -235,11 +234,11 @@ def test_fused_cell_under_fsdp1_via_torchrun():
     """One real torchrun launch through the runner: 2 ranks, fused mode, FSDP1."""
     from fusebench.run.runner import run_one
     d = validate("fsdp1", 2)
-    spec = CellSpec(model="convnext_atto", mode="fused", batch_size=2, img_size=32, warmup=1,
-                    steps=2, timeout=300.0, extra=d.to_extra())
+    spec = CellSpec.for_model("convnext_atto", "fused", batch_size=2, img_size=32, warmup=1,
+                              steps=2, timeout=300.0, dist=d)
     rec = run_one(spec)
     assert rec.status == "ok", (rec.error, rec.extra.get("stderr_tail"))
-    assert rec.extra["world_size"] == 2 and sorted(rec.extra["rank_step_ms_median"]) == ["0", "1"]
+    assert rec.spec.dist.world_size == 2 and sorted(rec.extra["rank_step_ms_median"]) == ["0", "1"]
     assert rec.correctness.passed
     msgs = [e.message for e in rec.events if e.kind == "fusion"]
     assert any(m.startswith("ln2d: ") for m in msgs) and any("mlp_bias_gelu" in m for m in msgs)

@@ -41,8 +41,9 @@ def user_file(tmp_path):
 def test_plan_sweep_and_extra():
     specs = plan_kernel(KernelRequest("ln2d", impls="permute,cpu", shapes=("8,96,56,56",),
                                       sweep="C=32,64"))
-    assert [dict(s.extra)["shape"] for s in specs] == [[8, 32, 56, 56]] * 2 + [[8, 64, 56, 56]] * 2
-    assert all(s.kind == "kernel" and dict(s.extra)["direction"] == "fwdbwd" for s in specs)
+    assert [s.kernel.shape for s in specs] == [(8, 32, 56, 56)] * 2 + [(8, 64, 56, 56)] * 2
+    assert all(s.kind == "kernel" and s.kernel.direction == "fwdbwd" for s in specs)
+    assert all(s.model is None and s.kernel.family == "ln2d" for s in specs)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -65,8 +66,10 @@ def test_user_impl_missing_function(user_file):
 def test_ok_record_fields():
     r = _cell("cpu").to_dict()
     assert r["status"] == "ok", r["error"]
-    for k in ("family", "impl", "shape", "direction", "gbps", "pct_of_copy"):
-        assert r[k] is not None
+    for k in ("family", "impl", "shape", "direction"):
+        assert r["spec"]["kernel"][k] is not None
+    for k in ("gbps", "pct_of_copy"):
+        assert r["extra"][k] is not None
     assert r["correctness"]["checked_at"] == ["first_call", "after_timing"]
     assert r["activation_bytes"] >= 2 * 5 * 6 * 7 * 4            # x itself is saved
 
@@ -85,7 +88,7 @@ def test_auto_fallback_runs_function_under_its_own_name(monkeypatch):
     monkeypatch.setattr(auto, "resolve", lambda device, build=True: (None, "cpu: no compiler"))
     r = _cell("auto")
     assert r.status == "ok"
-    assert r.extra["impl"] == "function" and r.extra["requested_impl"] == "auto"
+    assert r.extra["ran_impl"] == "function" and r.spec.kernel.impl == "auto"
     assert any(e.kind == "fallback" and "no compiler" in e.message for e in r.events)
 
 
@@ -108,7 +111,8 @@ def test_cli_json_end_to_end(capsys, user_file):
     doc = json.loads(capsys.readouterr().out)
     assert code == 1
     assert [r["status"] for r in doc["records"]] == ["ok", "error"]
-    assert doc["records"][0]["family"] == "ln2d" and doc["records"][0]["gbps"] > 0
+    rec = doc["records"][0]
+    assert rec["spec"]["kernel"]["family"] == "ln2d" and rec["extra"]["gbps"] > 0
 
 
 def test_torchscript_compiles_the_impl_itself(tmp_path):

@@ -234,7 +234,7 @@ def test_bias_gelu_module_shares_the_conv_bias():
 def test_plan_default_shape(family):
     from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
     specs = plan_kernel(KernelRequest(family, impls="eager,function"))
-    assert [dict(s.extra)["shape"] for s in specs] == [[8, 96, 56, 56]] * 2
+    assert [s.kernel.shape for s in specs] == [(8, 96, 56, 56)] * 2
 
 
 @pytest.mark.parametrize("family", ["se_gate", "bias_gelu"])
@@ -254,7 +254,7 @@ def test_cli_silu_all_json(capsys):
     code = main(["kernel", "silu", "--impl", "all", "--shape", "2,8,5,7", "--steps", "2",
                  "--warmup", "1", "--device", "cpu", "--no-save", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    by_impl = {r["impl"]: r for r in doc["records"]}
+    by_impl = {r["spec"]["kernel"]["impl"]: r for r in doc["records"]}
     assert set(by_impl) == set(list_impls("silu"))
     assert all(r["status"] in ("ok", "unavailable") for r in doc["records"]), doc["records"]
     assert by_impl["function"]["status"] == "ok" and by_impl["eager"]["status"] == "ok"

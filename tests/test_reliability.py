@@ -5,7 +5,6 @@ loaded into the CLI and every worker through FUSEBENCH_PLUGINS. Real processes, 
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -34,8 +33,8 @@ def with_all_fault_modes(monkeypatch) -> None:
 
 # ------------------------------------------------------------------------ atomic results file
 def _doc(n: int) -> dict:
-    recs = [Record.for_spec(tiny_spec(batch_size=i + 1), "ok") for i in range(n)]
-    return {"schema": "fusebench/1", "created": "x", "command": [], "env": {},
+    recs = [Record(tiny_spec(batch_size=i + 1), "ok") for i in range(n)]
+    return {"schema": "fusebench/2", "created": "x", "command": [], "env": {},
             "records": [r.to_dict() for r in recs]}
 
 
@@ -52,7 +51,7 @@ def test_crash_mid_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch, f
         save(_doc(2), path)
     writer = ResultsWriter(path, {})
     with pytest.raises(OSError, match="planted"):
-        writer.append(Record.for_spec(tiny_spec(), "ok"))
+        writer.append(Record(tiny_spec(), "ok"))
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert len(load(path)["records"]) == 1
@@ -146,7 +145,7 @@ def _assert_stopped_like_ctrl_c(run: CliRun, rc: int, word: str) -> None:
     assert run.proc.wait(60) == rc
     # the finished cell is in a valid document, the table so far is printed
     doc = run.doc()
-    assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
+    assert [(r["spec"]["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
     out = run.log_out.read_text()
     assert "fusebench run" in out and "eager" in out
     assert f"{word}: 1 of 2 cells finished and saved" in out
@@ -176,7 +175,7 @@ def test_ctrl_c_sigterm_and_sigkill_keep_finished_cells_and_leave_no_orphans(tmp
 
         # SIGKILL: nothing can run in the coordinator, yet the finished cell is on disk
         doc = killed.doc()
-        assert [(r["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
+        assert [(r["spec"]["mode"], r["status"]) for r in doc["records"]] == [("eager", "ok")]
         # the orphaned worker notices its parent is gone and takes its group down
         deadline = time.monotonic() + 20
         while killed.alive_workers() and time.monotonic() < deadline:
@@ -212,7 +211,7 @@ def test_crash_only_in_compile_costs_one_cell_each(tmp_path, monkeypatch):
     assert fine.status == "ok"                                  # same mode, other options
     assert abort.status == "crashed" and abort.extra["signal"] == "SIGABRT"
     # the device is gone after an illegal access: an error, never an OOM retry
-    assert illegal.status == "error" and illegal.batch_size == 6
+    assert illegal.status == "error" and illegal.spec.model.batch_size == 6
     assert "illegal memory access" in illegal.error.message
     assert "oom_failed_batch_sizes" not in illegal.extra
     # repro scripts for the failures, and the records point at them
@@ -231,15 +230,13 @@ def _failing_records():
     err = tiny_spec(mode="test_raise_step")
     segv = tiny_spec(mode="test_segv_compile", mode_options=(("compile_backend", "inductor"),))
     return [
-        Record.for_spec(tiny_spec(), "ok", extra={"cell": tiny_spec().to_dict()}),
-        Record.for_spec(mism, "mismatch", extra={"cell": mism.to_dict()},
-                        correctness=Correctness(False, 0.01, 0.01, ("first",), "planted")),
-        Record.for_spec(dataclasses.replace(mism, batch_size=3), "mismatch",
-                        extra={"cell": {**mism.to_dict(), "batch_size": 3}}),
-        Record.for_spec(err, "error", error=ErrorInfo("RuntimeError", "planted"),
-                        extra={"cell": err.to_dict()}),
-        Record.for_spec(segv, "crashed", error=ErrorInfo("Crashed", "signal SIGSEGV"),
-                        extra={"cell": segv.to_dict(), "signal": "SIGSEGV", "exit_code": -11}),
+        Record(tiny_spec(), "ok"),
+        Record(mism, "mismatch",
+               correctness=Correctness(False, 0.01, 0.01, ("first",), "planted")),
+        Record(mism.with_model(batch_size=3), "mismatch"),
+        Record(err, "error", error=ErrorInfo("RuntimeError", "planted")),
+        Record(segv, "crashed", error=ErrorInfo("Crashed", "signal SIGSEGV"),
+               extra={"signal": "SIGSEGV", "exit_code": -11}),
     ]
 
 
@@ -257,7 +254,8 @@ def test_repro_scripts_are_written_named_and_pointed_at(tmp_path, monkeypatch):
                      "repro_tiny_models_tiny_cnn_test_wrong_output_train_b2.py",
                      "repro_tiny_models_tiny_cnn_test_wrong_output_train_b3.py"]
     doc = load(path)                                # re-saved atomically, still valid
-    assert [bool(r.get("repro")) for r in doc["records"]] == [False, True, True, True, True]
+    assert [bool(r["extra"].get("repro")) for r in doc["records"]] == [False, True, True, True,
+                                                                        True]
     assert not list(tmp_path.glob(".*.tmp"))
     # a second results document in the same folder does not overwrite these scripts
     other = ResultsWriter(tmp_path / "other.json", {})

@@ -24,7 +24,7 @@ def test_faulty_cells_are_recorded_and_the_others_complete(monkeypatch, tmp_path
     path = tmp_path / "r.json"
     writer = ResultsWriter(path, {"test": True})
     recs = run_cells(specs, writer, show_progress=False)
-    by_mode = {r.mode: r for r in recs}
+    by_mode = {r.spec.mode: r for r in recs}
     assert by_mode["eager"].status == "ok" and by_mode["eager"].step_ms.n == 3
     crash = by_mode["test_crash"]
     assert crash.status == "crashed" and crash.extra["signal"] == "SIGABRT"
@@ -36,7 +36,7 @@ def test_faulty_cells_are_recorded_and_the_others_complete(monkeypatch, tmp_path
     assert by_mode["aot"].status == "ok" and by_mode["aot"].correctness.passed
     # everything that finished is on disk, in order, in a valid document
     doc = load(path)
-    assert [r["mode"] for r in doc["records"]] == [s.mode for s in specs]
+    assert [r["spec"]["mode"] for r in doc["records"]] == [s.mode for s in specs]
 
 
 def test_mismatch_after_second_call_is_caught(monkeypatch):
@@ -52,11 +52,11 @@ def test_mismatch_after_second_call_is_caught(monkeypatch):
 def test_oom_retries_with_decayed_batch(monkeypatch):
     with_fault_modes(monkeypatch)
     rec = run_one(tiny_spec(mode="test_oom", batch_size=6))
-    assert rec.status == "ok" and rec.batch_size == 2
+    assert rec.status == "ok" and rec.spec.model.batch_size == 2
     assert rec.extra["oom_failed_batch_sizes"] == [6, 4, 3]
     assert rec.extra["requested_batch_size"] == 6
     rec = run_one(tiny_spec(mode="test_oom", batch_size=6), RunOptions(retry_oom=False))
-    assert rec.status == "oom" and rec.batch_size == 6
+    assert rec.status == "oom" and rec.spec.model.batch_size == 6
 
 
 def test_python_warnings_become_events():
@@ -90,7 +90,7 @@ def test_every_registered_mode_runs_through_a_worker():
     opts = (("compile_backend", "aot_eager"),)   # inductor's C++ compile is covered elsewhere
     recs = run_cells([tiny_spec(mode=m, mode_options=opts) for m in modes], show_progress=False)
     for m, r in zip(modes, recs):
-        assert r.mode == m
+        assert r.spec.mode == m
         assert r.status == "ok", (m, r.status, r.error, r.correctness)
         assert r.step_ms.n == 3 and r.throughput > 0
         if m != "eager":

@@ -160,12 +160,10 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     for shape in shapes:
         for impl in impls:
             for mode in modes:
-                extra = (("direction", req.direction), ("impl", impl), ("shape", list(shape)))
-                specs.append(CellSpec(
-                    model=req.family, mode=mode, bench=req.direction, batch_size=shape[0],
-                    img_size=shape[2], channels_last=req.channels_last, dtype=req.dtype,
-                    device=req.device, warmup=req.warmup, steps=req.steps, seed=req.seed,
-                    timeout=req.timeout, kind="kernel", extra=extra))
+                specs.append(CellSpec.for_kernel(
+                    req.family, impl, shape, mode, direction=req.direction,
+                    channels_last=req.channels_last, dtype=req.dtype, device=req.device,
+                    warmup=req.warmup, steps=req.steps, seed=req.seed, timeout=req.timeout))
     return specs
 
 
@@ -258,12 +256,20 @@ def _run_once(call, module: ImplModule, x, dy, direction: str):
     return y.detach(), dict(zip(module.problem.grad_names(), grads))
 
 
-def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
-    """(passed, err_out, err_grad, detail) on fresh random inputs vs the float64 reference."""
+@dataclasses.dataclass(frozen=True)
+class KernelCheck:
+    passed: bool
+    err_out: float | None
+    err_grad: float | None
+    detail: str | None
+
+
+def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelCheck:
+    """One correctness check on fresh random inputs vs the float64 reference."""
     from fusebench.measure.correctness import grad_errs, rel_err
     problem = module.problem
     dtype = DTYPES[spec.dtype]
-    direction = dict(spec.extra)["direction"]
+    direction = spec.kernel.direction
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last, seed)
     with torch.no_grad():
         for name, p in zip(problem.params, module.inputs()):
@@ -277,12 +283,12 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int):
     if grads is not None:
         missing = [k for k, v in grads.items() if v is None]
         if missing:
-            return False, err_out, math.inf, f"no gradient for {', '.join(missing)}"
+            return KernelCheck(False, err_out, math.inf, f"no gradient for {', '.join(missing)}")
         errs = grad_errs(grads, g_ref, list(g_ref), 1e-3)   # floor: 1e-3 x the largest grad
         err_grad = max(errs.values())
         bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
     detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None
-    return not bad, err_out, err_grad, detail
+    return KernelCheck(not bad, err_out, err_grad, detail)
 
 
 def saved_bytes(call, module, x, direction: str) -> int | None:
@@ -420,24 +426,23 @@ def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tup
 
 
 def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
-    ex = dict(spec.extra)
-    impl, shape, direction = ex["impl"], list(ex["shape"]), ex.get("direction", "fwdbwd")
+    k = spec.kernel
+    impl, shape, direction = k.impl, list(k.shape), k.direction
     events = EventLog()
-    extra: dict[str, Any] = {"family": spec.model, "impl": impl, "shape": shape,
-                             "direction": direction, "gbps": None, "pct_of_copy": None,
-                             "cell": spec.to_dict()}
+    # measured kernel figures (gbps, pct_of_copy, copy_*_gbps, bytes, max_err) and ran_impl
+    extra: dict[str, Any] = {"gbps": None, "pct_of_copy": None}
 
     def record(status, **kw):
-        return Record.for_spec(spec, status, events=events.events(), extra=extra, **kw)
+        return Record(spec, status, events=events.events(), extra=extra, **kw)
 
     torch.manual_seed(spec.seed)
     try:
         with events.capture_warnings():
-            ran, fn = _resolve_fn(problem_of(spec.model), impl, spec.device, events, phase)
+            ran, fn = _resolve_fn(problem_of(k.family), impl, spec.device, events, phase)
     except _Unavailable as e:
         return record("unavailable", error=ErrorInfo("Unavailable", str(e)))
     if ran != impl:
-        extra.update(impl=ran, requested_impl=impl)
+        extra["ran_impl"] = ran        # the spec keeps the impl that was asked for
     from fusebench.modes import get_mode
     mode = get_mode(spec.mode)
     ok, reason = mode.available(spec.options(), spec.device)
@@ -453,7 +458,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
 
 def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record) -> Record:
     from fusebench.measure.timer import time_call
-    problem = problem_of(spec.model)
+    problem = problem_of(spec.kernel.family)
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last,
                                 spec.seed + 1)
     module = impl_module(fn, problem, params)
@@ -477,11 +482,11 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
     gbps = nbytes / stats.median / 1e6
     extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copies["copy_gbps"], **copies,
                  bytes=nbytes)
-    passed = first[0] and after[0]
-    errs_out = [e for e in (first[1], after[1]) if e is not None]
-    errs_grad = [e for e in (first[2], after[2]) if e is not None]
-    detail = "; ".join(f"{at}: {c[3]}" for at, c in (("first_call", first),
-                                                      ("after_timing", after)) if c[3])
+    passed = first.passed and after.passed
+    errs_out = [c.err_out for c in (first, after) if c.err_out is not None]
+    errs_grad = [c.err_grad for c in (first, after) if c.err_grad is not None]
+    detail = "; ".join(f"{at}: {c.detail}" for at, c in (("first_call", first),
+                                                         ("after_timing", after)) if c.detail)
     corr = Correctness(passed=passed, max_rel_err_out=_finite(max(errs_out, default=None)),
                        max_rel_err_grad=_finite(max(errs_grad, default=None)),
                        checked_at=("first_call", "after_timing"), detail=detail or None)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,7 +93,7 @@ class Reference:
         self.autocast = autocast
 
     def run(self, state: dict, x, target, fits64: bool):
-        train = self.spec.bench == "train"
+        train = self.spec.model.bench == "train"
         self.model.load_state_dict(state)
         eager = _eager_step(self.model, x, target, train, self.autocast)
         eager = corr.StepResult(eager.out.clone(), _clone(eager.grads))
@@ -129,30 +128,31 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     device = torch.device(spec.device)
     dtype = DTYPES[spec.dtype]
     amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
-    autocast = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if spec.amp
+    autocast = ((lambda: torch.autocast(device.type, dtype=amp_dtype)) if spec.model.amp
                 else contextlib.nullcontext)
-    train = spec.bench == "train"
-    opts = {**spec.options(), "bench": spec.bench}
+    train = spec.model.bench == "train"
+    opts = {**spec.options(), "bench": spec.model.bench}
     base = dict(params=None)
 
     with events.capture_stderr(), events.capture_warnings():
         phase("build")
-        source = resolve_model(spec.model)
+        source = resolve_model(spec.model.name)
         torch.manual_seed(spec.seed)
-        model = source.build(**coerce_kwargs(source.factory, dict(spec.model_kwargs)))
-        c, h, w = source.input_size(spec.bench, spec.img_size, model=model)
-        spec = dataclasses.replace(spec, img_size=h)   # the size actually run
+        model = source.build(**coerce_kwargs(source.factory, dict(spec.model.kwargs)))
+        c, h, w = source.input_size(spec.model.bench, spec.model.img_size, model=model)
+        spec = spec.with_model(img_size=h)   # the size actually run
         base["params"] = count_params(model)
         fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
         model = model.to(device=device, dtype=dtype, memory_format=fmt).train(train)
         gen = torch.Generator().manual_seed(spec.seed + 1)
-        x = torch.randn(spec.batch_size, c, h, w, generator=gen).to(device, dtype)
+        batch = spec.model.batch_size
+        x = torch.randn(batch, c, h, w, generator=gen).to(device, dtype)
         x = x.contiguous(memory_format=fmt)
-        target = torch.randint(0, 1000, (spec.batch_size,), generator=gen).to(device)
+        target = torch.randint(0, 1000, (batch,), generator=gen).to(device)
         # distributed: every rank uses the same seed and input, so DDP-averaged gradients equal
         # the single-process reference; eager is checked too (the wrapper is what's tested)
         dist = RankRun.from_spec(spec)
-        ref = (Reference(model, spec, autocast) if spec.check and (spec.mode != "eager" or dist)
+        ref = (Reference(model, spec, autocast) if spec.model.check and (spec.mode != "eager" or dist)
                else None)
         init_state = copy.deepcopy(model.state_dict()) if ref else None
         flop_model = copy.deepcopy(model) if dist else model   # sharded params cannot be counted
@@ -160,7 +160,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         mode = get_mode(spec.mode)
         ok, reason = mode.available(opts, spec.device)   # dist support: checked by precheck
         if not ok:
-            return Record.for_spec(spec, "unavailable", events=events.events(),
+            return Record(spec, "unavailable", events=events.events(),
                                    error=ErrorInfo("Unavailable", reason), **base)
 
         mem = PeakMemory(device)
@@ -179,7 +179,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         first_peak = mem.peak()
 
         checks: list[corr.Check] = []
-        tol = corr.tolerance_for(spec.dtype, spec.amp)
+        tol = corr.tolerance_for(spec.dtype, spec.model.amp)
         fits64 = _fits_float64(device, first_peak)
         if ref:
             phase("check")
@@ -213,11 +213,11 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
                    f"noisy timing: IQR/median = {stats.iqr / stats.median:.0%} (> {NOISY:.0%})")
     act = _activation_bytes(step, model) if train else None
     gflops, step_gflop = _flops(flop_model, x, target, train, autocast)
-    throughput = spec.batch_size / (stats.median / 1e3)
-    extra = {"first_call_s": compile_s, "cell": spec.to_dict(), "input_shape": [c, h, w],
+    throughput = batch / (stats.median / 1e3)
+    extra = {"first_call_s": compile_s, "input_shape": [c, h, w],
              "tflops": step_gflop / (stats.median / 1e3) / 1e3 if step_gflop else None,
              "peak_mem_total_bytes": mem.total_peak(),
-             **(telemetry.result(samples=spec.batch_size * spec.steps) or {})}
+             **(telemetry.result(samples=batch * spec.steps) or {})}
     correctness = None
     status = "ok"
     if checks:
@@ -233,7 +233,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
             checked_at=tuple(c.at for c in checks),
             detail="; ".join(c.detail for c in checks))
         status = "ok" if passed else "mismatch"
-    return Record.for_spec(
+    return Record(
         spec, status, params=base["params"], gflops=gflops, throughput=throughput,
         step_ms=stats, compile_s=compile_s, peak_mem_bytes=peak, activation_bytes=act,
         events=events.events(), correctness=correctness, extra=extra)

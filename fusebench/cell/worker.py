@@ -16,7 +16,7 @@ import traceback
 
 PHASE_PREFIX = "@@fusebench-phase "
 
-# kind -> module with run_cell(spec, phase) -> Record
+# spec.kind (declared by the spec's part) -> module with run_cell(spec, phase) -> Record
 CELL_RUNNERS = {"model": "fusebench.cell.model_cell", "kernel": "fusebench.cell.kernel_cell"}
 
 
@@ -52,8 +52,7 @@ def run(spec_dict: dict) -> dict:
         status = "oom" if _is_oom(e) else "error"
         first = (str(e).strip().splitlines() or [""])[0][:500]
         kind = "UsageError" if isinstance(e, UsageError) else type(e).__name__
-        return Record.for_spec(spec, status, error=ErrorInfo(kind, first),
-                               extra={"cell": spec.to_dict()}).to_dict()
+        return Record(spec, status, error=ErrorInfo(kind, first)).to_dict()
 
 
 def _exit_with_parent() -> None:

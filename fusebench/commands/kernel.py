@@ -6,41 +6,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from fusebench.cell.kernel_cell import DIRECTIONS
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import DTYPES
 from fusebench.kernels import families
+from fusebench.render.kernel_table import kernel_table
 
 
 Direction = choices("Direction", DIRECTIONS)
 Dtype = choices("Dtype", DTYPES)
-
-
-def kernel_table(records, title: str = "fusebench kernel") -> Table:
-    from fusebench.render.run_table import STATUS_STYLE, short_model
-    t = Table(title=title, title_justify="left")
-    for col in ("impl", "mode", "shape", "dir", "status", "ms (median ± IQR)", "GB/s",
-                "% of copy", "saved MB", "max err"):
-        t.add_column(col, justify="right" if col not in ("impl", "mode", "status") else "left")
-    for r in records:
-        x, st = r.extra, r.step_ms
-        impl = short_model(str(x.get("impl", "?")))
-        if x.get("requested_impl"):
-            impl += f" (for {x['requested_impl']})"
-        corr = r.correctness
-        err = x.get("max_err")
-        t.add_row(
-            impl, r.mode, "x".join(str(d) for d in x.get("shape", [])), str(x.get("direction", "")),
-            f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
-            f"{st.median:.3f} ± {st.iqr:.3f}" if st else "-",
-            f"{x['gbps']:.2f}" if x.get("gbps") else "-",
-            f"{x['pct_of_copy']:.0f}%" if x.get("pct_of_copy") else "-",
-            f"{r.activation_bytes / 1e6:.2f}" if r.activation_bytes is not None else "-",
-            ("" if corr is None or corr.passed else "[bold red]FAIL[/] ")
-            + (f"{err:.1e}" if err is not None else "-"))
-    return t
 
 
 @guarded

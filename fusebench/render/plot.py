@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -32,7 +33,13 @@ def _ok(records: Sequence[Record]) -> list[Record]:
 
 
 def _cell_name(r: Record, many_configs: bool) -> str:
-    return f"{short_model(r.model)}\n{C.config_label(r)}" if many_configs else short_model(r.model)
+    name = short_model(r.spec.subject)
+    return f"{name}\n{r.spec.config_label()}" if many_configs else name
+
+
+def _many_configs(recs: Sequence[Record]) -> bool:
+    """More than one configuration (apart from the model): then labels name the config."""
+    return len({r.spec.config_label() for r in recs}) > 1
 
 
 def _footnote(fig, runs: Sequence[C.Run]) -> None:
@@ -79,7 +86,7 @@ def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
     baseline = None
     for run in runs:
         recs = run.records
-        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        many_cfg = _many_configs(recs)
         cmp = C.compare_modes(recs, C.METRICS["throughput"])
         baseline = cmp.baseline
         for row in cmp.rows:
@@ -110,7 +117,7 @@ def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
     groups: list[str] = []
     for run in runs:
         recs = _ok(run.records)
-        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        many_cfg = _many_configs(recs)
         for r in recs:
             tp = C.METRICS["throughput"].value(r)
             if tp is None:
@@ -118,11 +125,12 @@ def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
             g = _cell_name(r, many_cfg)
             if g not in groups:
                 groups.append(g)
-            name = _label(run, len(runs) > 1, C.variant(r))
+            name = _label(run, len(runs) > 1, r.spec.variant())
             series.setdefault(name, {})[g] = tp
             if r.step_ms:  # slow steps (p90) give low throughput
-                err.setdefault(name, {})[g] = (r.batch_size * 1000.0 / r.step_ms.p90,
-                                               r.batch_size * 1000.0 / r.step_ms.p10)
+                n = r.spec.samples_per_step
+                err.setdefault(name, {})[g] = (n * 1000.0 / r.step_ms.p90,
+                                               n * 1000.0 / r.step_ms.p10)
     if not groups:
         raise UsageError("nothing to plot: no successful record with a throughput")
     for name in series:
@@ -139,11 +147,11 @@ def plot_memory(ax, runs: Sequence[C.Run]) -> str:
     series: dict[str, dict[str, float]] = {"peak memory": {}, "activation memory": {}}
     for run in runs:
         recs = _ok(run.records)
-        many_cfg = len({C.cell_key(r)[1:] for r in recs}) > 1
+        many_cfg = _many_configs(recs)
         for r in recs:
             if r.peak_mem_bytes is None and r.activation_bytes is None:
                 continue
-            g = _label(run, len(runs) > 1, f"{_cell_name(r, many_cfg)}\n{C.variant(r)}")
+            g = _label(run, len(runs) > 1, f"{_cell_name(r, many_cfg)}\n{r.spec.variant()}")
             groups.append(g)
             if r.peak_mem_bytes is not None:
                 series["peak memory"][g] = r.peak_mem_bytes / 2 ** 20
@@ -158,19 +166,38 @@ def plot_memory(ax, runs: Sequence[C.Run]) -> str:
     return "Peak and activation memory"
 
 
-# Sweep axes, in the order they are tried: (name, label, value of a record).
-_SWEEP_AXES: tuple[tuple[str, str, Callable[[Record], float | None]], ...] = (
-    ("batch", "batch size", lambda r: r.batch_size),
-    ("img", "image size (px)", lambda r: r.img_size),
-    ("channels", "channels", lambda r: r.extra.get("channels")
-     or (r.extra["shape"][1] if isinstance(r.extra.get("shape"), list)
-         and len(r.extra["shape"]) > 1 else None)),
-)
+def _image_size(r: Record) -> int | None:
+    return r.spec.model.img_size if r.spec.model is not None else r.spec.kernel.shape[2]
+
+
+def _channels(r: Record) -> int | None:
+    return r.spec.kernel.shape[1] if r.spec.kernel is not None else None
+
+
+@dataclass(frozen=True)
+class SweepAxis:
+    name: str
+    label: str
+    value: Callable[[Record], float | None]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    x: float
+    y: float
+    lo: float           # p10-p90 band of the metric
+    hi: float
+
+
+# Sweep axes, in the order they are tried (a kernel's N is its batch, H its image size).
+_SWEEP_AXES = (SweepAxis("batch", "batch size", lambda r: r.spec.samples_per_step),
+               SweepAxis("img", "image size (px)", _image_size),
+               SweepAxis("channels", "channels", _channels))
 
 
 def _sweep_metric(recs: list[Record]):
     """(label, value, (low, high)) for the y axis: GB/s for kernels, throughput for models."""
-    if all("gbps" in r.extra for r in recs):
+    if all(r.spec.kernel is not None and "gbps" in r.extra for r in recs):
         def val(r):
             g = float(r.extra["gbps"])
             s = r.step_ms  # bandwidth ~ 1/time: scale the band by the time quantiles
@@ -180,8 +207,8 @@ def _sweep_metric(recs: list[Record]):
     def val(r):
         tp = C.METRICS["throughput"].value(r)
         s = r.step_ms
-        band = ((r.batch_size * 1000.0 / s.p90, r.batch_size * 1000.0 / s.p10) if s
-                else (tp, tp))
+        n = r.spec.samples_per_step
+        band = (n * 1000.0 / s.p90, n * 1000.0 / s.p10) if s else (tp, tp)
         return tp, band
     return "throughput (samples/s, higher is better)", val
 
@@ -191,32 +218,32 @@ def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
     recs_all = [(run, r) for run in runs for r in _ok(run.records)]
     if not recs_all:
         raise UsageError("nothing to plot: no successful records")
-    axis = None
-    for name, label, get in _SWEEP_AXES:
-        if len({get(r) for _, r in recs_all if get(r) is not None}) > 1:
-            axis = (name, label, get)
-            break
+    axis = next((a for a in _SWEEP_AXES
+                 if len({a.value(r) for _, r in recs_all} - {None}) > 1), None)
     if axis is None:
         raise UsageError("nothing to sweep: batch size, image size and channels are the same "
                          "in every record")
-    _, xlabel, get = axis
+    xlabel, get = axis.label, axis.value
     ylabel, val = _sweep_metric([r for _, r in recs_all])
-    lines: dict[str, list[tuple[float, float, float, float]]] = {}
-    many_models = len({r.model for _, r in recs_all}) > 1
+    lines: dict[str, list[SweepPoint]] = {}
+    many_models = len({r.spec.subject for _, r in recs_all}) > 1
     for run, r in recs_all:
         x = get(r)
         y, (lo, hi) = val(r)
         if x is None or y is None:
             continue
-        name = f"{short_model(r.model)}/{C.variant(r)}" if many_models else C.variant(r)
-        lines.setdefault(_label(run, len(runs) > 1, name), []).append((x, y, lo, hi))
+        name = r.spec.variant()
+        name = f"{short_model(r.spec.subject)}/{name}" if many_models else name
+        lines.setdefault(_label(run, len(runs) > 1, name), []).append(
+            SweepPoint(x, y, lo, hi))
     for name, pts in lines.items():
-        pts.sort()
-        xs, ys, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
+        pts.sort(key=lambda p: p.x)
+        xs, ys, lo, hi = (np.array([getattr(p, f) for p in pts], dtype=float)
+                          for f in ("x", "y", "lo", "hi"))
         (line,) = ax.plot(xs, ys, marker="o", ms=4, label=name)
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
-    if max(len({p[0] for p in pts}) for pts in lines.values()) > 2:
-        xs_all = sorted({p[0] for pts in lines.values() for p in pts})
+    if max(len({p.x for p in pts}) for pts in lines.values()) > 2:
+        xs_all = sorted({p.x for pts in lines.values() for p in pts})
         if xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 8:
             ax.set_xscale("log", base=2)  # batch/size sweeps are usually powers of two
     ax.set_xlabel(xlabel)

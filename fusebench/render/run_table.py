@@ -14,12 +14,6 @@ STATUS_STYLE = {"ok": "green", "mismatch": "bold red", "error": "red", "unavaila
 TOP_EVENTS = 5
 
 
-def config_key(r: Record) -> tuple:
-    """Cells that differ only by mode share this key (the speedup's denominator is eager's)."""
-    return (r.model, r.bench, r.batch_size, r.img_size, r.channels_last, r.dtype, r.device,
-            r.extra.get("cell", {}).get("amp"))
-
-
 def short_model(name: str) -> str:
     """'path/to/file.py:factory' -> 'file.py:factory' for display; zoo names unchanged."""
     path, sep, fn = name.rpartition(":")
@@ -42,21 +36,10 @@ def fmt_bytes(n: int | None) -> str:
     return "-"
 
 
-def _speedups(records: list[Record]) -> dict[int, float]:
-    base = {config_key(r): r.step_ms.median for r in records
-            if r.mode == "eager" and r.status == "ok" and r.step_ms}
-    out = {}
-    for i, r in enumerate(records):
-        b = base.get(config_key(r))
-        if b and r.step_ms and r.step_ms.median > 0:
-            out[i] = b / r.step_ms.median
-    return out
-
-
 def _correct(r: Record) -> str:
     c = r.correctness
     if c is None:
-        return "ref" if r.mode == "eager" and r.status == "ok" else "-"
+        return "ref" if r.spec.mode == "eager" and r.status == "ok" else "-"
     errs = f"out {c.max_rel_err_out:.1e}" if c.max_rel_err_out is not None else "out n/a"
     if c.max_rel_err_grad is not None:
         errs += f", grad {c.max_rel_err_grad:.1e}"
@@ -73,11 +56,13 @@ def run_table(records: list[Record], title: str = "fusebench run") -> Table:
                     ("peak mem", {"justify": "right"}), ("act mem", {"justify": "right"}),
                     ("events", {"justify": "right"}), ("correctness", {})]:
         t.add_column(col, **kw)
-    sp = _speedups(records)
+    from fusebench.results.compare import speedups   # scipy: only when a table is drawn
+    sp = speedups(records, "eager")     # the cell's eager record is the denominator
     for i, r in enumerate(records):
-        st = r.step_ms
+        st, m = r.step_ms, r.spec.model
         t.add_row(
-            short_model(r.model), r.mode, r.bench, str(r.batch_size), str(r.img_size or "-"),
+            short_model(r.spec.subject), r.spec.mode, m.bench if m else "-",
+            str(m.batch_size) if m else "-", str(m.img_size or "-") if m else "-",
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{r.throughput:,.1f}" if r.throughput else "-",
             f"{st.median:.2f} ± {st.iqr:.2f}" if st else "-",
@@ -104,7 +89,8 @@ def print_details(console: Console, records: Iterable[Record]) -> None:
         if r.extra.get("repro"):
             lines.append(escape(f"  repro: {r.extra['repro']}"))
         if lines:
-            console.print(f"[bold]{escape(short_model(r.model))} / {r.mode} / {r.bench} b{r.batch_size}[/]",
-                          highlight=False)
+            heading = r.spec.title(short_model(r.spec.subject))
+            console.print(f"[bold]{escape(heading)}[/]", highlight=False)
             for line in lines:
                 console.print(line, highlight=False, markup=True, soft_wrap=True)
+

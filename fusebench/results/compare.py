@@ -1,7 +1,8 @@
 """Compare records: modes within one run, or the same cells across runs.
 
 A *cell* is a configuration (model, bench, batch, image size, layout, dtype, device, kernel shape,
-...). A *variant* is what is being compared inside a cell: the mode (or kernel impl). One file:
+...): CellSpec.cell_key(). A *variant* is what is being compared inside a cell: the mode (or
+kernel impl): CellSpec.variant(). One file:
 variants of each cell against the baseline mode. Several files: each (cell, variant) across the
 runs, against the baseline file. Rendering lives in render/compare_table.py.
 """
@@ -47,7 +48,7 @@ def _throughput(r: Record) -> float | None:
     if r.throughput is not None:
         return r.throughput
     if r.step_ms and r.step_ms.median > 0:
-        return r.batch_size * 1000.0 / r.step_ms.median  # ms -> samples/s
+        return r.spec.samples_per_step * 1000.0 / r.step_ms.median  # ms -> samples/s
     return None
 
 
@@ -75,63 +76,33 @@ def get_metric(name: str) -> Metric:
     return METRICS[name]
 
 
-# --- identity of cells and variants ------------------------------------------------------------
-# Extra keys that are part of a cell's configuration (kernel and distributed records).
-_CONFIG_EXTRA = ("family", "shape", "direction", "world_size", "strategy", "sweep")
+# --- cells, variants, speedup ------------------------------------------------------------------
+# A record's cell and variant come from its spec: CellSpec.cell_key(), .variant(), .config_label().
+def group_cells(records: Sequence[Record]) -> dict[tuple, list[Record]]:
+    """Records by cell (spec.cell_key()), in first-seen order."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        groups.setdefault(r.spec.cell_key(), []).append(r)
+    return groups
 
 
-def _freeze(v: Any) -> Any:
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    return v
+def speedup(base: Record, cand: Record) -> float | None:
+    """Median step time of base / of cand (stats.speedup); None unless both have times."""
+    ok = base.status == "ok" and base.step_ms and cand.step_ms and cand.step_ms.median > 0
+    return stats.speedup(base.step_ms.median, cand.step_ms.median) if ok else None
 
 
-def _cell_spec(r: Record) -> dict[str, Any]:
-    c = r.extra.get("cell")
-    return c if isinstance(c, dict) else {}
-
-
-def cell_key(r: Record) -> tuple:
-    """Everything that defines the configuration, but not the mode/impl."""
-    spec = _cell_spec(r)
-    return (r.model, r.bench, r.batch_size, r.img_size, r.channels_last, r.dtype, r.device,
-            bool(spec.get("amp", False)), _freeze(spec.get("model_kwargs") or {}),
-            tuple((k, _freeze(r.extra[k])) for k in _CONFIG_EXTRA if k in r.extra))
-
-
-def variant(r: Record) -> str:
-    """The thing compared inside a cell: the mode, or the kernel impl; mode options make a
-    distinct variant (compile[mode=max-autotune])."""
-    name = str(r.extra["impl"]) if "impl" in r.extra and "family" in r.extra else r.mode
-    opts = _cell_spec(r).get("mode_options") or {}
-    if opts:
-        name += "[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())) + "]"
-    return name
-
-
-def config_label(r: Record) -> str:
-    """Short human label of the configuration (without the model name)."""
-    parts = [r.bench]
-    if "shape" in r.extra:
-        parts.append("x".join(str(s) for s in r.extra["shape"]))
-    else:
-        parts.append(f"b{r.batch_size}")
-        if r.img_size:
-            parts.append(str(r.img_size))
-    if r.channels_last:
-        parts.append("NHWC")
-    parts.append(r.dtype.replace("float", "fp").replace("bfp16", "bf16"))
-    if _cell_spec(r).get("amp"):
-        parts.append("amp")
-    parts.append(r.device)
-    if "world_size" in r.extra:
-        parts.append(f"ws{r.extra['world_size']}")
-    kw = _cell_spec(r).get("model_kwargs") or {}
-    if kw:
-        parts.append(",".join(f"{k}={v}" for k, v in sorted(kw.items())))
-    return " ".join(parts)
+def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, float]:
+    """Index of each record -> its speedup over the `baseline` variant of its cell."""
+    index = {id(r): i for i, r in enumerate(records)}
+    out: dict[int, float] = {}
+    for recs in group_cells(records).values():
+        ref = next((r for r in recs if r.spec.variant() == baseline), None)
+        for r in recs if ref is not None else ():
+            s = speedup(ref, r)
+            if s is not None:
+                out[index[id(r)]] = s
+    return out
 
 
 # --- rows --------------------------------------------------------------------------------------
@@ -198,8 +169,8 @@ def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
     ok = r.status == "ok"
     v = metric.value(r) if ok else None
     iqr = r.step_ms.iqr if (ok and metric.name == "step_ms" and r.step_ms) else None
-    return Row(model=r.model, config=config_label(r), variant=variant(r), run=run,
-               status=r.status, value=v, iqr=iqr, group=group)
+    return Row(model=r.spec.subject, config=r.spec.config_label(), variant=r.spec.variant(),
+               run=run, status=r.status, value=v, iqr=iqr, group=group)
 
 
 def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float | None,
@@ -240,17 +211,15 @@ def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -
 def compare_modes(records: list[Record], metric: Metric, baseline: str | None = None,
                   fail_pct: float | None = None) -> Comparison:
     """One run: every variant of each cell vs the baseline variant (default: eager)."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        groups.setdefault(cell_key(r), []).append(r)
-    names = {variant(r) for r in records}
+    groups = group_cells(records)
+    names = {r.spec.variant() for r in records}
     base = baseline or ("eager" if "eager" in names else _first_variant(records))
     if baseline and baseline not in names:
         from fusebench.errors import unknown_name
         raise unknown_name("baseline mode", [baseline], names)
     cmp = Comparison(metric, "modes", base)
     for gi, recs in enumerate(groups.values()):
-        ref = next((r for r in recs if variant(r) == base), None)
+        ref = next((r for r in recs if r.spec.variant() == base), None)
         # baseline first, then the others in file order
         for r in sorted(recs, key=lambda r: r is not ref):
             row = _row(metric, r, "", gi)
@@ -268,7 +237,7 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
 def _first_variant(records: list[Record]) -> str:
     if not records:
         raise UsageError("no records to compare")
-    return variant(records[0])
+    return records[0].spec.variant()
 
 
 @dataclass
@@ -278,13 +247,14 @@ class Run:
     records: list[Record]
 
 
+def _name(r: Record) -> str:
+    return f"{r.spec.subject} {r.spec.config_label()} {r.spec.variant()}"
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    doc = load(path)
-    try:
-        recs = [Record.from_dict(r) for r in doc["records"]]
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{path}: malformed record ({e})") from None
-    return Run(label or Path(path).name, doc.get("env") or {}, recs)
+    doc = load(path)        # validated: every record parses
+    return Run(label or Path(path).name, doc.get("env") or {},
+               [Record.from_dict(r) for r in doc["records"]])
 
 
 def labels_for(paths: Sequence[str | Path]) -> list[str]:
@@ -308,10 +278,9 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
     for run in runs:
         idx: dict[tuple, Record] = {}
         for r in run.records:
-            k = (cell_key(r), variant(r))
+            k = (r.spec.cell_key(), r.spec.variant())
             if k in idx:
-                cmp.warnings.append(f"{run.label}: duplicate cell {r.model} {config_label(r)} "
-                                    f"{variant(r)}; using the last one")
+                cmp.warnings.append(f"{run.label}: duplicate cell {_name(r)}; using the last one")
             idx[k] = r
         index.append(idx)
     keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
@@ -320,7 +289,7 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
         if len(present) < 2:
             run, r = present[0]
-            cmp.warnings.append(f"only in {run.label}: {r.model} {config_label(r)} {variant(r)}")
+            cmp.warnings.append(f"only in {run.label}: {_name(r)}")
             continue
         ref = index[0].get(k)
         for run, r in present:

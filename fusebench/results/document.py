@@ -1,18 +1,30 @@
-"""The results document: schema version, atomic save, validated load. JSON only, never pickle."""
+"""The results document: schema version, atomic save, validated load. JSON only, never pickle.
+
+Every schema version has its reader (READERS: version -> record dict -> Record); `load` reads a
+document of any known version and returns it in the current layout, so callers see one format.
+
+  fusebench/1  flat records: model, mode, bench, batch_size, img_size, ... next to extra keys
+               (cell: the flat spec; kernel records: family, impl, shape, direction, with the
+               family in `model`, the direction in `bench`, N in batch_size, H in img_size).
+  fusebench/2  {spec: CellSpec.to_dict(), status, measured fields..., extra: {...}}.
+"""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.spec import RECORD_KEYS, STATUSES, Record
+from fusebench.spec import (STATUSES, CellSpec, DistPart, KernelPart, Record,
+                            measured_from_dict, spec_from_v1)
 
-SCHEMA = "fusebench/1"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMA = f"fusebench/{SCHEMA_VERSION}"
 
 
 def now_iso() -> str:
@@ -68,7 +80,58 @@ class ResultsWriter:
         return [Record.from_dict(r) for r in self.doc["records"]]
 
 
-def validate(doc: Any, where: str = "results") -> dict[str, Any]:
+# --- readers, one per schema version ------------------------------------------------------------
+# Keys every fusebench/1 record carries, in its schema order.
+V1_RECORD_KEYS = ("model", "mode", "bench", "batch_size", "img_size", "channels_last", "dtype",
+                  "device", "status", "params", "gflops", "throughput", "step_ms", "compile_s",
+                  "peak_mem_bytes", "activation_bytes", "events", "correctness", "error")
+# fusebench/1 extra keys that were identity (they now live in the spec)
+_V1_IDENTITY = ("cell", "family", "impl", "shape", "direction", "requested_impl", "dist",
+                "nproc", "nnodes", "node_rank", "rdzv_endpoint", "world_size")
+
+
+def _v1_spec(d: dict[str, Any]) -> CellSpec:
+    """The spec of a v1 record: its `cell` dict when there is one (then the record's own
+    batch/size/device win: they are what ran), else rebuilt from the flat fields."""
+    cell = d.get("cell")
+    if isinstance(cell, dict):
+        spec = spec_from_v1(cell)
+        if spec.model is not None:
+            spec = spec.with_model(batch_size=d["batch_size"], img_size=d["img_size"])
+        return dataclasses.replace(spec, device=d["device"])
+    common = dict(mode=d["mode"], channels_last=d["channels_last"], dtype=d["dtype"],
+                  device=d["device"])
+    if "family" in d and "impl" in d and "shape" in d:
+        return CellSpec(kernel=KernelPart(d["family"], d.get("requested_impl") or d["impl"],
+                                          tuple(d["shape"]), d.get("direction") or d["bench"]),
+                        **common)
+    dist = (DistPart(d["dist"], int(d["nproc"]), int(d.get("nnodes") or 1),
+                     int(d.get("node_rank") or 0)) if d.get("dist") and d.get("nproc") else None)
+    return CellSpec.for_model(d["model"], bench=d["bench"], batch_size=d["batch_size"],
+                              img_size=d["img_size"], dist=dist, **common)
+
+
+def _read_v1(d: dict[str, Any]) -> Record:
+    missing = [k for k in V1_RECORD_KEYS if k not in d]
+    if missing:
+        raise KeyError(f"lacks {', '.join(missing)}")
+    extra = {k: v for k, v in d.items() if k not in V1_RECORD_KEYS and k not in _V1_IDENTITY}
+    if d.get("requested_impl"):          # v1 kept the impl that ran; the spec names the request
+        extra["ran_impl"] = d["impl"]
+    return Record(spec=_v1_spec(d), **measured_from_dict(d), extra=extra)
+
+
+def _read_v2(d: dict[str, Any]) -> Record:
+    missing = [k for k in ("spec", "status") if k not in d]
+    if missing:
+        raise KeyError(f"lacks {', '.join(missing)}")
+    return Record.from_dict(d)
+
+
+READERS: dict[int, Callable[[dict[str, Any]], Record]] = {1: _read_v1, 2: _read_v2}
+
+
+def schema_version(doc: Any, where: str = "results") -> int:
     if not isinstance(doc, dict) or "schema" not in doc:
         raise UsageError(f"{where}: not a fusebench results document (no 'schema' key)")
     schema = doc["schema"]
@@ -81,27 +144,41 @@ def validate(doc: Any, where: str = "results") -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise UsageError(f"{where}: schema version {version} is newer than this fusebench "
                          f"understands ({SCHEMA_VERSION}); upgrade fusebench")
-    if version < 1:
+    if version not in READERS:
         raise UsageError(f"{where}: unsupported schema version {version}")
+    return version
+
+
+def read_record(version: int, d: Any, where: str, i: int) -> Record:
+    """One record dict of a document of `version` -> Record; problems are one UsageError."""
+    if not isinstance(d, dict):
+        raise UsageError(f"{where}: record {i} is not an object")
+    if d.get("status") not in STATUSES and "status" in d:
+        raise UsageError(f"{where}: record {i} has unknown status {d['status']!r}")
+    try:        # nested fields of the wrong shape (events: 5, step_ms: {}) fail here, once
+        return READERS[version](d)
+    except KeyError as e:
+        msg = str(e.args[0]) if e.args else "missing key"
+        raise UsageError(f"{where}: record {i} {msg if msg.startswith('lacks') else 'lacks ' + msg}"
+                         ) from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{where}: record {i} is malformed ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:120]})") from None
+
+
+def validate(doc: Any, where: str = "results") -> dict[str, Any]:
+    """Check a document of any known version; returns it in the current layout."""
+    version = schema_version(doc, where)
     records = doc.get("records")
     if not isinstance(records, list):
         raise UsageError(f"{where}: 'records' is missing or not a list")
-    for i, r in enumerate(records):
-        if not isinstance(r, dict):
-            raise UsageError(f"{where}: record {i} is not an object")
-        missing = [k for k in RECORD_KEYS if k not in r]
-        if missing:
-            raise UsageError(f"{where}: record {i} lacks {', '.join(missing)}")
-        if r["status"] not in STATUSES:
-            raise UsageError(f"{where}: record {i} has unknown status {r['status']!r}")
-        try:        # nested fields of the wrong shape (events: 5, step_ms: {}) fail here, once
-            Record.from_dict(r)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise UsageError(f"{where}: record {i} is malformed ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:120]})") from None
     if not isinstance(doc.get("env", {}), dict):
         raise UsageError(f"{where}: 'env' is not an object")
-    return doc
+    parsed = [read_record(version, r, where, i) for i, r in enumerate(records)]
+    if version == SCHEMA_VERSION:
+        return doc
+    return {**doc, "schema": SCHEMA, "schema_read": doc["schema"],
+            "records": [r.to_dict() for r in parsed]}
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -119,12 +196,3 @@ def load(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
                          f"{e.lineno}") from None
     return validate(doc, str(path))
-
-
-def load_records(path: str | Path) -> list[Record]:
-    try:
-        return [Record.from_dict(r) for r in load(path)["records"]]
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, UsageError):
-            raise
-        raise UsageError(f"{path}: malformed record ({e})") from None

@@ -4,9 +4,12 @@
     >>> df = fusebench.load_results(["results/a.json", "results/b.json"])
     >>> df.groupby(["model", "mode"])["step_ms.median"].min()
 
-One row per record. Nested fields are flattened with dots (step_ms.median, correctness.passed,
-error.type); extra record keys (kernel family/impl/shape, world_size, telemetry) become their own
-columns; the run's environment is flattened into columns prefixed "env." (env.torch.version,
+One row per record. The record's spec gives the identity columns (model, bench, batch_size,
+img_size for model cells; family, impl, shape, direction for kernel cells; dist, nproc,
+world_size for distributed ones; mode, dtype, device, ... for all) and a `spec` column with the
+whole spec; nested fields are flattened with dots (step_ms.median, correctness.passed,
+error.type); extra record keys (gbps, tflops, telemetry, exit_code) become their own columns;
+the run's environment is flattened into columns prefixed "env." (env.torch.version,
 env.cpu.model, ...); "file" says which document a row came from.
 """
 from __future__ import annotations
@@ -19,10 +22,12 @@ from typing import Any
 import pandas as pd
 
 from fusebench.results.document import load
+from fusebench.spec import CellSpec
 
 # Columns of the compact (markdown) export, in this order, when present.
-SUMMARY_COLUMNS = ("model", "mode", "impl", "bench", "batch_size", "img_size", "channels_last",
-                   "dtype", "device", "status", "throughput", "step_ms.median", "step_ms.iqr",
+SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
+                   "batch_size", "img_size", "channels_last", "dtype", "device", "status",
+                   "throughput", "step_ms.median", "step_ms.iqr",
                    "step_ms.n", "compile_s", "peak_mem_bytes", "activation_bytes", "gbps",
                    "correctness.passed", "n_events", "error.type")
 
@@ -40,10 +45,30 @@ def _flatten(d: dict[str, Any], prefix: str = "", out: dict[str, Any] | None = N
     return out
 
 
+def _identity(spec: CellSpec) -> dict[str, Any]:
+    """Flat identity columns of a spec, by part (model records keep the fusebench/1 order)."""
+    m, k, d = spec.model, spec.kernel, spec.dist
+    row: dict[str, Any] = {"model": m.name} if m is not None else {"family": k.family}
+    row["mode"] = spec.mode
+    if m is not None:
+        row.update(bench=m.bench, batch_size=m.batch_size, img_size=m.img_size)
+    else:
+        row.update(impl=k.impl, shape=list(k.shape), direction=k.direction)
+    row.update(channels_last=spec.channels_last, dtype=spec.dtype, device=spec.device)
+    if d is not None:
+        row.update(dist=d.kind, nproc=d.nproc, nnodes=d.nnodes, node_rank=d.node_rank,
+                   world_size=d.world_size)
+    return row
+
+
 def _record_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One current-layout record dict -> one flat row."""
     rec = dict(rec)
     events = rec.pop("events", None) or []
-    row = _flatten(rec, keep=("cell",))
+    spec = rec.pop("spec")
+    extra = rec.pop("extra", None) or {}
+    row = {**_identity(CellSpec.from_dict(spec)), **_flatten(rec), **_flatten(extra),
+           "spec": spec}
     for k in ("step_ms", "correctness", "error"):
         if rec.get(k) is None:   # keep absent sub-objects from vanishing as one None column
             row.pop(k, None)

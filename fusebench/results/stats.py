@@ -53,9 +53,15 @@ class Ratio:
                 "significant": self.significant}
 
 
+def speedup(baseline_ms, candidate_ms):
+    """The one speedup formula: baseline time / candidate time (> 1: the candidate is faster).
+    Works on floats and on numpy arrays (the bootstrap's resamples)."""
+    return baseline_ms / candidate_ms
+
+
 def _ratio_of_medians(x, y, axis=-1):
     # x: baseline samples, y: candidate samples (times) -> speedup of y over x
-    return np.median(x, axis=axis) / np.median(y, axis=axis)
+    return speedup(np.median(x, axis=axis), np.median(y, axis=axis))
 
 
 def speedup_ci(baseline: Sequence[float], candidate: Sequence[float], *,

@@ -20,39 +20,16 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fusebench.errors import UsageError
 from fusebench.modes.options import DIST_KINDS
-from fusebench.spec import CellSpec, Correctness, ErrorInfo, Event, Record, StepStats
+from fusebench.spec import CellSpec, Correctness, DistPart, ErrorInfo, Event, Record
 
 LOOPBACK = "127.0.0.1"   # single-node rendezvous never leaves the machine
 NONOK_ORDER = ("crashed", "oom", "timeout", "error", "mismatch", "unavailable")
 
-@dataclass(frozen=True)
-class DistSettings:
-    kind: str                           # ddp | fsdp1 | fsdp2
-    nproc: int                          # processes per node
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None    # host:port of node 0; None: loopback, a free port
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
-
-    def to_extra(self) -> tuple[tuple[str, Any], ...]:
-        return (("dist", self.kind), ("nnodes", self.nnodes), ("node_rank", self.node_rank),
-                ("nproc", self.nproc), ("rdzv_endpoint", self.rdzv_endpoint))
-
-    @classmethod
-    def from_spec(cls, spec: CellSpec) -> "DistSettings | None":
-        extra = dict(spec.extra)
-        if not extra.get("dist"):
-            return None
-        return cls(kind=extra["dist"], nproc=int(extra["nproc"]),
-                   nnodes=int(extra.get("nnodes") or 1), node_rank=int(extra.get("node_rank") or 0),
-                   rdzv_endpoint=extra.get("rdzv_endpoint"))
+# The dist part of a CellSpec (kind, nproc, nnodes, node_rank, rdzv_endpoint; world_size).
+DistSettings = DistPart
 
 
 def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: int = 0,
@@ -96,13 +73,11 @@ def supports(mode: str, kind: str) -> tuple[bool, str]:
 
 def precheck(spec: CellSpec) -> Record | None:
     """An `unavailable` record for a mode x wrapper pair known not to work (no launch needed)."""
-    d = DistSettings.from_spec(spec)
+    d = spec.dist
     ok, reason = supports(spec.mode, d.kind) if d else (True, "")
     if ok:
         return None
-    return Record.for_spec(spec, "unavailable", error=ErrorInfo("Unavailable", reason),
-                           extra={"world_size": d.world_size, "dist": d.kind,
-                                  "cell": spec.to_dict()})
+    return Record(spec, "unavailable", error=ErrorInfo("Unavailable", reason))
 
 
 # --- coordinator side -------------------------------------------------------------------------
@@ -144,7 +119,7 @@ def kill_ranks(out_path: Path) -> None:
 
 def collect(spec: CellSpec, out_path: Path) -> Record | None:
     """One record from the rank files this node has; None when no rank wrote one."""
-    d = DistSettings.from_spec(spec)
+    d = spec.dist
     recs = {}
     for path in Path(out_path).parent.glob(f"{Path(out_path).stem}.rank*.json"):
         with contextlib.suppress(ValueError, OSError):
@@ -159,13 +134,12 @@ def aggregate(spec: CellSpec, d: DistSettings, recs: dict[int, Record]) -> Recor
     local = sorted(recs)
     expected = range(d.node_rank * d.nproc, (d.node_rank + 1) * d.nproc)
     missing = [r for r in expected if r not in recs]
-    dist_extra = {"world_size": d.world_size, "dist": d.kind, "nproc": d.nproc,
-                  "nnodes": d.nnodes, "node_rank": d.node_rank, "ranks_reported": local}
+    dist_extra = {"ranks_reported": local}      # the dist settings are in spec.dist
     bad = [recs[r] for r in local if recs[r].status != "ok"]
     if bad or missing:
         worst = min(bad, key=lambda r: NONOK_ORDER.index(r.status)) if bad else None
         if worst is None:
-            worst = Record.for_spec(spec, "crashed", error=ErrorInfo(
+            worst = Record(spec, "crashed", error=ErrorInfo(
                 "Crashed", f"rank(s) {missing} wrote no record (killed when another rank "
                            "failed, or crashed)"))
         status = worst.status
@@ -183,7 +157,8 @@ def aggregate(spec: CellSpec, d: DistSettings, recs: dict[int, Record]) -> Recor
 
     first = recs[local[0]]
     ranks = first.extra.get("dist_ranks") or [
-        {"rank": r, "batch_size": recs[r].batch_size, "median_ms": recs[r].step_ms.median,
+        {"rank": r, "batch_size": recs[r].spec.model.batch_size,
+         "median_ms": recs[r].step_ms.median,
          "peak_mem_bytes": recs[r].peak_mem_bytes} for r in local]
     slowest = max(local, key=lambda r: recs[r].step_ms.median)
     throughput = sum(x["batch_size"] / (x["median_ms"] / 1e3) for x in ranks)
@@ -264,7 +239,7 @@ class RankRun:
     @classmethod
     def from_spec(cls, spec: CellSpec) -> "RankRun | None":
         import torch.distributed as dist
-        d = DistSettings.from_spec(spec)
+        d = spec.dist
         if d is None:
             return None
         if not dist.is_initialized():
@@ -325,7 +300,7 @@ def _full(t):
 
 
 def _summary(rec: dict, rank: int) -> dict:
-    return {"rank": rank, "batch_size": rec["batch_size"],
+    return {"rank": rank, "batch_size": rec["spec"]["model"]["batch_size"],
             "median_ms": (rec.get("step_ms") or {}).get("median"),
             "peak_mem_bytes": rec.get("peak_mem_bytes"), "host": socket.gethostname()}
 
@@ -341,8 +316,8 @@ def main(argv: list[str]) -> int:
     spec_dict = json.loads(spec_path.read_text())
     device = init_process_group(spec_dict.get("device", "cpu").split(":")[0], env)
     record = worker.run({**spec_dict, "device": device})
-    record["device"] = spec_dict.get("device", device)        # the aggregate names the kind
-    record["rank"] = env.rank
+    record["spec"]["device"] = spec_dict.get("device", device)   # the aggregate names the kind
+    record["extra"]["rank"] = env.rank
     path = rank_path(out_path, env.rank)
     write_atomic(path, json.dumps(record, allow_nan=False))
     code = 0
@@ -351,7 +326,7 @@ def main(argv: list[str]) -> int:
         import torch.distributed as dist
         gathered: list = [None] * env.world_size
         dist.all_gather_object(gathered, _summary(record, env.rank))
-        record["dist_ranks"] = gathered
+        record["extra"]["dist_ranks"] = gathered
         write_atomic(path, json.dumps(record, allow_nan=False))
         dist.destroy_process_group()
     else:

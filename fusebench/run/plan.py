@@ -84,13 +84,13 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
         if size is not None:
             src.validate_img_size(size)
         for mode in mode_names:
-            specs.append(CellSpec(
-                model=src.name, mode=mode, bench=bench, batch_size=batch,
+            specs.append(CellSpec.for_model(
+                src.name, mode, bench=bench, batch_size=batch,
                 img_size=size,          # None: the worker uses the model's default
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
                 warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
                     kwargs.items())), mode_options=options[mode], timeout=req.timeout,
-                check=req.check, extra=dist.to_extra() if dist else ()))
+                check=req.check, dist=dist))
     return specs
 
 

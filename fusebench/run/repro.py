@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fusebench.results.document import ResultsWriter, save, write_atomic
+from fusebench.spec import CellSpec
 
 REPRO_STATUSES = ("error", "crashed", "timeout", "mismatch")
 _HEADER = "# fusebench repro for results document: "
@@ -49,10 +50,12 @@ def _absolute_ref(text: Any) -> Any:
 
 
 def _portable_spec(cell: dict[str, Any]) -> dict[str, Any]:
+    """A spec dict whose user files (model factory, kernel impl) are absolute paths."""
     cell = dict(cell)
-    cell["model"] = _absolute_ref(cell.get("model"))
-    if isinstance(cell.get("extra"), dict):
-        cell["extra"] = {k: _absolute_ref(v) for k, v in cell["extra"].items()}
+    if cell.get("model"):
+        cell["model"] = {**cell["model"], "name": _absolute_ref(cell["model"]["name"])}
+    if cell.get("kernel"):
+        cell["kernel"] = {**cell["kernel"], "impl": _absolute_ref(cell["kernel"]["impl"])}
     return cell
 
 
@@ -61,18 +64,16 @@ def _plugins() -> list[str]:
     return [_absolute_ref(p.strip()) for p in value.split(",") if p.strip()]
 
 
-def _variant(rec: dict[str, Any], cell: dict[str, Any]) -> str:
+def _variant(spec: CellSpec) -> str:
     """What tells apart cells that share model and mode (impl, bench, batch, size, ...)."""
-    parts = []
-    impl = (cell.get("extra") or {}).get("impl")
-    if impl:
-        parts.append(_safe(impl, 30))
-    parts += [str(rec.get("bench", "")), f"b{rec.get('batch_size')}"]
-    if rec.get("img_size"):
-        parts.append(f"{rec['img_size']}px")
-    if rec.get("dtype") not in (None, "float32"):
-        parts.append(str(rec["dtype"]))
-    if rec.get("channels_last"):
+    m, k = spec.model, spec.kernel
+    if m is not None:
+        parts = [m.bench, f"b{m.batch_size}"] + ([f"{m.img_size}px"] if m.img_size else [])
+    else:
+        parts = [_safe(k.impl, 30), k.direction, "x".join(str(d) for d in k.shape)]
+    if spec.dtype != "float32":
+        parts.append(spec.dtype)
+    if spec.channels_last:
         parts.append("cl")
     return "_".join(p for p in parts if p)
 
@@ -89,14 +90,14 @@ def _owned_by_other(path: Path, results_name: str) -> bool:
     return f"{_HEADER}{results_name}\n" not in head
 
 
-def _names(records: list[dict[str, Any]], cells: list[dict[str, Any]], folder: Path,
-           results_name: str) -> list[str]:
-    bases = [f"repro_{_safe(r.get('model', ''))}_{_safe(r.get('mode', ''))}" for r in records]
+def _names(cells: list[dict[str, Any]], folder: Path, results_name: str) -> list[str]:
+    specs = [CellSpec.from_dict(c) for c in cells]
+    bases = [f"repro_{_safe(s.subject)}_{_safe(s.mode)}" for s in specs]
     counts = Counter(bases)
     taken: set[str] = set()
     out = []
-    for base, rec, cell in zip(bases, records, cells):
-        stem = base if counts[base] == 1 else f"{base}_{_variant(rec, cell)}"
+    for base, spec in zip(bases, specs):
+        stem = base if counts[base] == 1 else f"{base}_{_variant(spec)}"
         name, i = f"{stem}.py", 2
         while name in taken or _owned_by_other(folder / name, results_name):
             name, i = f"{stem}-{i}.py", i + 1
@@ -111,11 +112,11 @@ def write_repros(writer: ResultsWriter, results_path: Path) -> list[Path]:
     results_path = Path(results_path)
     folder = results_path.parent
     failing = [r for r in writer.doc["records"]
-               if r.get("status") in REPRO_STATUSES and isinstance(r.get("cell"), dict)]
+               if r.get("status") in REPRO_STATUSES and isinstance(r.get("spec"), dict)]
     if not failing:
         return []
-    cells = [_portable_spec(r["cell"]) for r in failing]
-    names = _names(failing, cells, folder, results_path.name)
+    cells = [_portable_spec(r["spec"]) for r in failing]
+    names = _names(cells, folder, results_path.name)
     plugins = _plugins()
     written = []
     for rec, cell, name in zip(failing, cells, names):
@@ -126,7 +127,7 @@ def write_repros(writer: ResultsWriter, results_path: Path) -> list[Path]:
         except OSError as e:    # a repro is a convenience: never lose the results over it
             print(f"fusebench: warning: could not write {path}: {e}", file=sys.stderr)
             continue
-        rec["repro"] = str(path)
+        rec.setdefault("extra", {})["repro"] = str(path)
         written.append(path)
     if written:
         save(writer.doc, writer.path or results_path)
@@ -143,10 +144,11 @@ def script_text(rec: dict[str, Any], cell: dict[str, Any], plugins: list[str],
         what = f"{err.get('type')}: {err.get('message')}"
     else:
         what = rec["status"]
-    if rec.get("signal"):
-        what += f" (signal {rec['signal']})"
+    signal_name = (rec.get("extra") or {}).get("signal")
+    if signal_name:
+        what += f" (signal {signal_name})"
     spec_json = json.dumps(cell, indent=1, sort_keys=True, allow_nan=False)
-    label = f"{rec.get('model')} / {rec.get('mode')} / {rec.get('bench')} b{rec.get('batch_size')}"
+    label = CellSpec.from_dict(cell).title()
     return _TEMPLATE.format(
         header=f"{_HEADER}{results_name}", label=_comment(label), status=rec["status"],
         what=_comment(what), spec=spec_json, plugins=json.dumps(plugins),
@@ -208,8 +210,7 @@ def main() -> int:
     run_cell = importlib.import_module(CELL_RUNNERS[spec.kind]).run_cell
     if spec.timeout:
         faulthandler.dump_traceback_later(spec.timeout, exit=True, file=err)
-    print(f"repro: {{spec.label()}} batch {{spec.batch_size}} img {{spec.img_size}} "
-          f"{{spec.dtype}} channels_last={{spec.channels_last}} seed {{spec.seed}} "
+    print(f"repro: {{spec.title()}} ({{spec.config_label()}}) seed {{spec.seed}} "
           f"(recorded: {{EXPECTED}})", flush=True)
     try:
         rec = run_cell(spec, lambda phase: print(f"  phase: {{phase}}", flush=True))

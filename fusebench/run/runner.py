@@ -3,7 +3,6 @@ costs only its own cell: it becomes a record, and the next cell runs."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
 import signal
@@ -62,7 +61,7 @@ class _Worker:
                "TRITON_CACHE_DIR": str(cache / "triton")}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         cmd = [sys.executable, "-m", "fusebench.cell.worker", str(self.spec_path), str(self.out_path)]
-        self.dist = distributed.DistSettings.from_spec(spec)
+        self.dist = spec.dist
         if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
             cmd = distributed.launch_command(self.dist, self.spec_path, self.out_path)
             env = distributed.launch_env(self.dist, env)
@@ -142,10 +141,10 @@ class _Worker:
         return self._failure("crashed", rc, ErrorInfo("Crashed", msg))
 
     def _failure(self, status: str, rc, err: ErrorInfo) -> Record:
-        return Record.for_spec(self.spec, status, error=err, extra={
+        return Record(self.spec, status, error=err, extra={
             "exit_code": rc, "signal": (signal.Signals(-rc).name if isinstance(rc, int) and rc < 0
                                         and -rc in signal.Signals._value2member_map_ else None),
-            "stderr_tail": self._tail(), "cell": self.spec.to_dict()})
+            "stderr_tail": self._tail()})
 
     def _tail(self) -> str:
         return "\n".join(self.stderr_tail)
@@ -170,12 +169,15 @@ def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
             rec = w.wait()
         finally:
             w.close()
-        nxt = decay_batch(spec.batch_size)
+        if spec.model is None:     # a kernel shape is what was asked for: no smaller retry
+            break
+        batch = spec.model.batch_size
+        nxt = decay_batch(batch)
         if rec.status != "oom" or not opts.retry_oom or nxt < max(1, opts.min_batch):
             break
-        failed.append(spec.batch_size)
-        on_phase(f"oom at batch {spec.batch_size}, retrying with {nxt}")
-        spec = dataclasses.replace(spec, batch_size=nxt)
+        failed.append(batch)
+        on_phase(f"oom at batch {batch}, retrying with {nxt}")
+        spec = spec.with_model(batch_size=nxt)
     if failed:
         rec = rec.replace(extra={**rec.extra, "oom_failed_batch_sizes": failed,
                                  "requested_batch_size": failed[0]})
