@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_claimed_names_are_unique_absolute_and_exist_at_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    paths = [claim_results_path(Path("out"), "tiny") for _ in range(50)]   # same second
+    paths = [claim_results_path(Path("out"), "tiny", "{}\n") for _ in range(50)]  # same second
     assert len(set(paths)) == 50
-    assert all(p.is_absolute() and p.is_file() and p.parent == tmp_path / "out" for p in paths)
+    assert all(p.is_absolute() and p.read_text() == "{}\n" and p.parent == tmp_path / "out"
+               for p in paths)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in paths)
 
 
 @pytest.mark.parametrize("where", ["/proc/fusebench-out", "file"])
@@ -29,7 +31,7 @@ def test_unusable_out_is_one_usage_error(tmp_path, where):
     if where == "file":
         out.write_text("x")
     with pytest.raises(UsageError, match="--out"):
-        claim_results_path(out, "tiny")
+        claim_results_path(out, "tiny", "{}")
 
 
 def test_two_runs_into_one_folder_keep_every_record(tmp_path):
@@ -52,7 +54,7 @@ def test_two_runs_into_one_folder_keep_every_record(tmp_path):
 
 
 def test_disk_full_mid_run_keeps_saved_cells_and_stops_cleanly(tmp_path, monkeypatch, capsys):
-    """ENOSPC on the 3rd save (the empty document, cell 1, then cell 2 fails): one line naming
+    """ENOSPC on the 2nd save (cell 1 saved, cell 2's save fails): one line naming
     the path and errno, exit 1, cell 1 still on disk, cell 3 never started."""
     from fusebench.results import document
     from fusebench.run import session
@@ -60,7 +62,7 @@ def test_disk_full_mid_run_keeps_saved_cells_and_stops_cleanly(tmp_path, monkeyp
 
     def flaky(path, text):
         calls.append(path)
-        if len(calls) == 3:
+        if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, text)
     monkeypatch.setattr(document, "write_atomic", flaky)

@@ -2,15 +2,18 @@
 
 A name chosen at start but created only when the first cell finishes lets two runs started in
 the same second pick the same file and overwrite each other's records. The name therefore holds
-a random run id and is created with O_EXCL before any cell runs; writing the (empty) document
-there at once is also the probe that the folder really takes files (permissions, a full disk,
-/proc), found before an hour of cells rather than after."""
+a random run id and is claimed before any cell runs, already holding the (empty) document:
+written to a temp file, then hard-linked to the name, which fails if the name is taken, so the
+claim is atomic and a reader never sees an empty or partial file. Writing it is also the probe
+that the folder really takes files (permissions, a full disk, /proc), found before an hour of
+cells rather than after."""
 from __future__ import annotations
 
 import datetime as _dt
 import errno
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from fusebench.errors import UsageError
@@ -37,20 +40,40 @@ def _folder(out_dir: Path) -> Path:
     return folder
 
 
-def claim_results_path(out_dir: Path, stem: str) -> Path:
-    """An absolute path unique to this run, created (empty) with O_EXCL."""
+def claim_results_path(out_dir: Path, stem: str, text: str) -> Path:
+    """An absolute path unique to this run, created holding `text`."""
     folder = _folder(out_dir)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for _ in range(100):
-        path = folder / f"{_safe(stem)}-{stamp}-{secrets.token_hex(RUN_ID_BYTES)}.json"
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return path
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise UsageError(f"--out {out_dir}: cannot write there ({_why(e)})") from None
-    raise UsageError(f"--out {out_dir}: could not find a free file name")
+    try:
+        tmp = _write_temp(folder, text)
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: cannot write there ({_why(e)})") from None
+    try:
+        for _ in range(100):
+            path = folder / f"{_safe(stem)}-{stamp}-{secrets.token_hex(RUN_ID_BYTES)}.json"
+            try:
+                os.link(tmp, path)       # atomic: fails when another run holds the name
+                return path
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise UsageError(f"--out {out_dir}: cannot write there ({_why(e)})") from None
+        raise UsageError(f"--out {out_dir}: could not find a free file name")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_temp(folder: Path, text: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix=".claim-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
 
 
 def _why(e: OSError) -> str:

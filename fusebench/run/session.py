@@ -10,10 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fusebench.errors import UsageError
 from fusebench.run.output import SaveError, claim_results_path, save_error
 from fusebench.run.repro import write_repros
-from fusebench.results.document import ResultsWriter, dumps, save as save_doc
+from fusebench.results.document import ResultsWriter, dumps
 from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
 
@@ -62,14 +61,10 @@ class _Writer(ResultsWriter):
 
 def _open_writer(save: bool, out: Path, stem: str, argv) -> _Writer:
     from fusebench.render.run_table import short_model
-    path = claim_results_path(out, short_model(stem).replace(":", "-")) if save else None
-    writer = _Writer(path, _env(), command=list(argv or []))
-    if path is not None:
-        try:
-            save_doc(writer.doc, path)   # the empty document: a valid file from the start
-        except OSError as e:
-            path.unlink(missing_ok=True)
-            raise UsageError(str(save_error(path, e))) from None
+    writer = _Writer(None, _env(), command=list(argv or []))
+    if save:   # claimed holding the empty document: a valid file from the start
+        writer.path = claim_results_path(out, short_model(stem).replace(":", "-"),
+                                         dumps(writer.doc))
     return writer
 
 
