@@ -19,7 +19,7 @@ CompareFormat = choices("CompareFormat", ("table", *TEXT_RENDERERS))   # table: 
 
 @guarded
 def compare(
-    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench JSON, any schema version).")],
     baseline: Annotated[Optional[str], typer.Option(
         help="One file: the baseline mode (default eager). Several files: the baseline file "
              "(default the first).")] = None,
@@ -31,6 +31,9 @@ def compare(
         "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a cell is worse by more than PCT percent and its 95% CI excludes "
              "no change (or, across runs, a cell that was ok now fails).")] = None,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Every column, even wider than the terminal (default: the columns "
+                       "that fit, numbers never cut).")] = False,
 ) -> None:
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
     from fusebench.results.compare import compare_files
@@ -41,7 +44,7 @@ def compare(
     for w in cmp.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
     if fmt.value == "table":
-        render_table(cmp, Console())
+        render_table(cmp, Console(), wide)
     else:
         sys.stdout.write(TEXT_RENDERERS[fmt.value](cmp))
     if not cmp.rows:

@@ -105,6 +105,48 @@ def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, fl
     return out
 
 
+# --- noise: a ratio is only as good as its noisier side -----------------------------------------
+def noise_of(r: Record) -> str | None:
+    """Why this record's timing cannot be trusted, or None: a wide IQR or a busy machine."""
+    from fusebench.measure import contention
+    from fusebench.measure.noise import noisy_fraction
+    frac = noisy_fraction(r.step_ms)
+    if frac is not None:
+        return f"IQR/median {frac:.0%}"
+    fields = r.extra.get("contention")
+    if isinstance(fields, dict) and _safe_contended(contention, fields):
+        return f"machine busy ({contention.describe(fields)})"
+    busy = next((e for e in r.events if e.kind == "contention"), None)
+    return f"machine busy ({busy.message})" if busy else None
+
+
+def _safe_contended(contention, fields: dict) -> bool:
+    try:
+        return contention.is_contended(fields)
+    except (KeyError, TypeError):   # a file from another version: no verdict, no crash
+        return False
+
+
+def ratio_noise(base: Record, cand: Record) -> str | None:
+    """'eager: IQR/median 23%' for each noisy side of base vs cand, or None."""
+    parts = [f"{r.spec.variant()}: {why}" for r in dict.fromkeys((base, cand))
+             if (why := noise_of(r))]
+    return "; ".join(parts) or None
+
+
+def noisy_speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, str]:
+    """Index of each record whose speedup (see speedups) rests on a noisy side -> why."""
+    index = {id(r): i for i, r in enumerate(records)}
+    out: dict[int, str] = {}
+    for recs in group_cells(records).values():
+        ref = next((r for r in recs if r.spec.variant() == baseline), None)
+        for r in recs if ref is not None else ():
+            why = ratio_noise(ref, r) if speedup(ref, r) is not None else None
+            if why:
+                out[index[id(r)]] = why
+    return out
+
+
 # --- rows --------------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -119,6 +161,7 @@ class Row:
     ratio: stats.Ratio | None = None
     verdict: str = ""             # the sentence, or why there is none
     regression: bool = False
+    noise: str | None = None      # why the ratio cannot be trusted (a noisy side), if so
     group: int = 0                # rows with the same group are compared with each other
 
     def to_dict(self, metric: Metric) -> dict[str, Any]:
@@ -126,7 +169,7 @@ class Row:
              "run": self.run, "status": self.status, "metric": metric.name, "unit": metric.unit,
              "value": None if self.value is None else self.value / metric.scale,
              "baseline": self.baseline, "verdict": self.verdict,
-             "regression": self.regression}
+             "regression": self.regression, "noise": self.noise}
         d.update(self.ratio.to_dict() if self.ratio else
                  {"gain": None, "ci_low": None, "ci_high": None, "significant": None})
         return d
@@ -191,9 +234,18 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
         row.verdict = f"no {metric.label}"
         return
     row.verdict = stats.describe(row.ratio, metric.better, metric.worse)
+    if metric.samples(cand):
+        row.noise = ratio_noise(base, cand)
     if fail_pct is not None:
         worse = row.ratio.gain < 1.0 and row.ratio.significant
         row.regression = worse and stats.loss_pct(row.ratio) > fail_pct
+
+
+def _with_ci(row: Row) -> None:
+    """'not significant' -> '1.02x (0.97–1.08) not significant': the ratio and its CI too."""
+    r = row.ratio
+    if r is not None and r.has_ci and row.verdict == "not significant":
+        row.verdict = f"{r.gain:.2f}x ({r.low:.2f}–{r.high:.2f}) not significant"
 
 
 def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -> list[GeoRow]:
@@ -229,6 +281,7 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
                 row.verdict = f"no {base} in this cell"
             else:
                 _judge(metric, row, ref, r, fail_pct)
+                _with_ci(row)   # one file: the reader asked for the ratios themselves
             cmp.rows.append(row)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
     return cmp

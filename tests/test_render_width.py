@@ -1,0 +1,102 @@
+"""Tables read at 80, 100 and 120 columns: numbers are never cut (issues 11.3, 13.6)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.console import Console
+
+from factories import kernel_record, model_record, modes_run, write_results
+from fusebench.render.compare_table import render_table, short_labels
+from fusebench.render.kernel_table import kernel_table
+from fusebench.render.run_table import display_name, run_table
+from fusebench.results.compare import compare_files
+
+WIDTHS = (80, 100, 120)
+SPEEDS = {"eager": 3359.42, "torchscript": 2911.3, "compile": 1234.5}
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]\d+)?")
+
+
+def render(renderable, width: int, **kw) -> str:
+    c = Console(width=width, record=True, color_system=None, force_terminal=False)
+    c.print(renderable, **kw) if not callable(renderable) else renderable(c)
+    return c.export_text()
+
+
+def assert_whole(text: str, expected: list[str], width: int) -> None:
+    assert "…" not in text, text                   # nothing cut with an ellipsis
+    assert all(len(line) <= width for line in text.splitlines())
+    numbers = set(NUMBER.findall(text))
+    missing = [e for e in expected if e not in numbers]
+    assert not missing, (missing, text)
+
+
+def _run_records():
+    recs = [model_record("path/to/models.py:make", m, base_ms=ms, seed=i)
+            for i, (m, ms) in enumerate(SPEEDS.items())]
+    return recs
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_table_numbers_whole(width):
+    recs = _run_records()
+    text = render(run_table(recs), width)
+    expected = [f"{r.step_ms.median:.2f}" for r in recs] + ["2.70x"]
+    assert_whole(text, [e.rstrip("x") for e in expected], width)
+    # shared model/bench/batch/size go in the title; the user model by its factory name
+    assert "fusebench run · make · train · b8 · 224px" in text
+    assert "models.py" not in text
+
+
+def test_run_table_wide_and_narrow_columns():
+    recs = _run_records()
+    narrow = render(run_table(recs), 80)
+    assert "not shown at this width" in narrow and "--wide" in narrow
+    wide = run_table(recs, wide=True)
+    text = render(wide, wide.width_needed(Console(width=80)))
+    assert "act mem" in text and "events" in text and "not shown" not in text
+    assert "compile s" in render(run_table(recs), 200)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_kernel_table_numbers_whole(width):
+    recs = [kernel_record(i, base_ms=ms, seed=j, shape=(32, 768, 56, 56), direction="fwdbwd")
+            for j, (i, ms) in enumerate([("permute", 31.234), ("fused", 12.456),
+                                          ("channels_first", 45.678)])]
+    text = render(kernel_table(recs), width)
+    expected = [f"{r.step_ms.median:.3f}" for r in recs] + [f"{r.extra['gbps']:.2f}"
+                                                            for r in recs]
+    assert_whole(text, expected, width)
+    assert "32x768x56x56" in text.splitlines()[0] + text    # in the title when shared
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compare_tables_numbers_whole(tmp_path, width):
+    def recs(seed, k):
+        return (modes_run("convnext_tiny", {m: v * k for m, v in SPEEDS.items()}, seed=seed)
+                + modes_run("efficientnet_b3", {m: v / 2 for m, v in SPEEDS.items()},
+                            seed=seed + 50, batch_size=32))
+    a = write_results(tmp_path / "convnext_tiny-20261130-aaaa.json", recs(0, 1))
+    b = write_results(tmp_path / "convnext_tiny-20261130-bbbb.json", recs(9, 1.2))
+    for files in ([a], [a, b]):
+        cmp = compare_files(files)
+        text = render(lambda c: render_table(cmp, c), width)
+        values = [cmp.metric.show(r.value) for r in cmp.rows if r.value is not None]
+        ratios = [v for r in cmp.rows if r.ratio for v in NUMBER.findall(r.verdict)]
+        assert_whole(text, values + ratios, width)
+    # issue 13.6: the run column keeps what tells the runs apart
+    assert "aaaa" in text and "bbbb" in text
+
+
+def test_short_labels():
+    assert short_labels(["conv_a.json", "conv_b.json"]) == {"conv_a.json": "a",
+                                                           "conv_b.json": "b"}
+    assert short_labels(["x.json", "y.json"]) == {"x.json": "x", "y.json": "y"}
+    same = short_labels(["d1/r.json", "d2/r.json"])
+    assert same == {"d1/r.json": "d1", "d2/r.json": "d2"}
+    assert short_labels(["a.json"]) == {"a.json": "a.json"}
+
+
+def test_display_name():
+    assert display_name("some/dir/file.py:make") == "make"
+    assert display_name("convnext_tiny") == "convnext_tiny"
