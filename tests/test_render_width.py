@@ -9,7 +9,8 @@ from rich.console import Console
 from factories import kernel_record, model_record, modes_run, write_results
 from fusebench.render.compare_table import render_table, short_labels
 from fusebench.render.kernel_table import kernel_table
-from fusebench.render.run_table import display_name, run_table
+from fusebench.render.names import display_name
+from fusebench.render.run_table import run_table
 from fusebench.results.compare import compare_files
 
 WIDTHS = (80, 100, 120)

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from fusebench.render.fit import Column, FitTable
-from fusebench.render.run_table import display_name
+from fusebench.render.names import display_name
 from fusebench.results.compare import Comparison, Row
 
 
@@ -138,7 +138,8 @@ def _columns(cmp: Comparison, runs: dict[str, str]) -> list[Column]:
         elif h == "IQR (ms)":
             cols.append(Column("IQR\n(ms)", "right", drop=1))
         elif h == heads[-1]:
-            cols.append(Column(f"vs {runs.get(cmp.baseline, cmp.baseline)}", wrap=True))     # the verdict: may wrap between words
+            # the verdict may wrap between words (its numbers stay whole)
+            cols.append(Column(f"vs {runs.get(cmp.baseline, cmp.baseline)}", wrap=True))
         else:
             cols.append(Column(h, wrap=(h == "config")))
     return cols

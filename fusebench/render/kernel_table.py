@@ -4,7 +4,8 @@ from __future__ import annotations
 from rich.markup import escape
 
 from fusebench.render.fit import Column, FitTable
-from fusebench.render.run_table import STATUS_STYLE, display_name, shared_title
+from fusebench.render.names import display_name, shared_title
+from fusebench.render.run_table import STATUS_STYLE
 from fusebench.spec import Record
 
 

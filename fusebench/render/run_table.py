@@ -5,9 +5,9 @@ from collections.abc import Iterable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from fusebench.render.fit import Column, FitTable
+from fusebench.render.names import display_name, shared_title
 from fusebench.spec import Record
 
 STATUS_STYLE = {"ok": "green", "mismatch": "bold red", "error": "red", "unavailable": "yellow",
@@ -20,12 +20,6 @@ def short_model(name: str) -> str:
     unchanged."""
     path, sep, fn = name.rpartition(":")
     return f"{path.rsplit('/', 1)[-1]}:{fn}" if sep and path.endswith(".py") else name
-
-
-def display_name(name: str) -> str:
-    """'path/to/file.py:make' -> 'make': a table cell has no room for the path."""
-    path, sep, fn = name.rpartition(":")
-    return fn if sep and path.endswith(".py") else name
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -52,13 +46,6 @@ def _correct(r: Record) -> str:
     if c.max_rel_err_grad is not None:
         errs += f", grad {c.max_rel_err_grad:.1e}"
     return ("[green]pass[/] " if c.passed else "[bold red]FAIL[/] ") + errs
-
-
-def shared_title(title: str, fields: dict[str, list[str]]) -> tuple[str, set[str]]:
-    """The title plus every field that has one value in all rows (>1 row); those fields."""
-    same = {k for k, v in fields.items() if len(v) > 1 and len(set(v)) == 1}
-    parts = [fields[k][0] for k in fields if k in same]
-    return (" · ".join([title, *parts]) if parts else title), same
 
 
 # header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
