@@ -101,7 +101,9 @@ def run_table(records: list[Record], title: str = "fusebench run", wide: bool = 
     keep = [i for i, (h, _, _) in enumerate(_RUN_COLUMNS) if h not in same]
     cols = [Column(h, j, d, wrap=(h == "correctness")) for h, j, d in _RUN_COLUMNS]
     t = FitTable([cols[i] for i in keep], title=title, wide=wide,
-                 caption=noise_footer(noisy.values()))
+                 caption=noise_footer(f"{records[i].spec.variant()} vs eager: {why}"
+                                      for i, why in noisy.items()
+                                      if records[i].spec.variant() != "eager"))
     for row in rows:
         t.add_row(*[row[i] for i in keep])
     return t

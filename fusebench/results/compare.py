@@ -107,29 +107,33 @@ def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, fl
 
 # --- noise: a ratio is only as good as its noisier side -----------------------------------------
 def noise_of(r: Record) -> str | None:
-    """Why this record's timing cannot be trusted, or None: a wide IQR or a busy machine."""
-    from fusebench.measure import contention
+    """Why this record's timing cannot be trusted, or None: a wide IQR or a busy machine
+    (record.extra["contention"] judged by measure.contention, or a 'contention' event)."""
     from fusebench.measure.noise import noisy_fraction
     frac = noisy_fraction(r.step_ms)
     if frac is not None:
         return f"IQR/median {frac:.0%}"
-    fields = r.extra.get("contention")
-    if isinstance(fields, dict) and _safe_contended(contention, fields):
-        return f"machine busy ({contention.describe(fields)})"
-    busy = next((e for e in r.events if e.kind == "contention"), None)
-    return f"machine busy ({busy.message})" if busy else None
+    busy = _busy(r.extra.get("contention"))
+    if busy:
+        return busy
+    event = next((e for e in r.events if e.kind == "contention"), None)
+    return f"machine busy ({event.message})" if event else None
 
 
-def _safe_contended(contention, fields: dict) -> bool:
+def _busy(fields: Any) -> str | None:
+    from fusebench.measure import contention
     try:
-        return contention.is_contended(fields)
-    except (KeyError, TypeError):   # a file from another version: no verdict, no crash
-        return False
+        if not isinstance(fields, dict) or not contention.is_contended(fields):
+            return None
+        return (f"machine busy: other processes {fields['others_frac']:.0%} of "
+                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}")
+    except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
+        return None
 
 
 def ratio_noise(base: Record, cand: Record) -> str | None:
-    """'eager: IQR/median 23%' for each noisy side of base vs cand, or None."""
-    parts = [f"{r.spec.variant()}: {why}" for r in dict.fromkeys((base, cand))
+    """'eager IQR/median 23%' for each noisy side of base vs cand, or None."""
+    parts = [f"{r.spec.variant()} {why}" for r in dict.fromkeys((base, cand))
              if (why := noise_of(r))]
     return "; ".join(parts) or None
 
