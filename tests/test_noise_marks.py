@@ -88,3 +88,4 @@ def test_kernel_progress_label_names_the_impl():
     assert spec.label() == "ln2d/permute[compile]/fwd"
     assert kernel_record().spec.label().startswith("ln2d/permute/")
     assert model_record().spec.label() == "convnext_tiny/eager/train"
+

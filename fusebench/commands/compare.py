@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fusebench.commands import add_command, choices, guarded
 from fusebench.render.compare_table import TEXT_RENDERERS
@@ -41,8 +42,11 @@ def compare(
 
     cmp = compare_files(files, metric.value, baseline, fail_on_regression)
     err = Console(stderr=True)
+    if cmp.nothing_matched:
+        err.print(f"fusebench: {escape(cmp.nothing_matched)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
     for w in cmp.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if fmt.value == "table":
         render_table(cmp, Console(), wide)
     else:
@@ -53,8 +57,9 @@ def compare(
     if regressions:
         for r in regressions:
             where = f" in {r.run}" if r.run else ""
-            err.print(f"[bold red]regression[/bold red]{where}: {r.model} {r.config} "
-                      f"{r.variant}: {r.verdict}", highlight=False, soft_wrap=True)
+            err.print("[bold red]regression[/bold red]" + escape(
+                f"{where}: {r.model} {r.config} {r.variant}: {r.verdict}"),
+                highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -196,6 +196,7 @@ class Comparison:
     geomean: list[GeoRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     env_summary: str = ""
+    nothing_matched: str | None = None            # several files, no cell in two: why
 
     def regressions(self) -> list[Row]:
         return [r for r in self.rows if r.regression]
@@ -341,6 +342,9 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
             idx[k] = r
         index.append(idx)
     keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
+    if keys and not any(sum(k in idx for idx in index) > 1 for k in keys):
+        cmp.nothing_matched = _no_match(runs)   # one line, not a warning per cell
+        return cmp
     gi = 0
     for k in keys:
         present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
@@ -361,6 +365,17 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         gi += 1
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
+
+
+def _no_match(runs: list[Run]) -> str:
+    """'no cell is in two files: a.json has convnext_tiny train b8 224 (+1 more); ...'"""
+    def cells(run: Run) -> str:
+        names = list(dict.fromkeys(f"{r.spec.subject} {r.spec.config_label()}"
+                                   for r in run.records))
+        more = f" (+{len(names) - 2} more)" if len(names) > 2 else ""
+        return f"{run.label} has {', '.join(names[:2]) or 'no records'}{more}"
+    return ("nothing to compare: no cell (model, config, mode) is in two of the files; "
+            + "; ".join(cells(run) for run in runs))
 
 
 def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
