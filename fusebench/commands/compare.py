@@ -20,7 +20,8 @@ CompareFormat = choices("CompareFormat", ("table", *TEXT_RENDERERS))   # table: 
 
 @guarded
 def compare(
-    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench JSON, any schema version).")],
+    files: Annotated[list[Path], typer.Argument(
+        help="Results files (fusebench JSON, any schema version).")],
     baseline: Annotated[Optional[str], typer.Option(
         help="One file: the baseline mode (default eager). Several files: the baseline file "
              "(default the first).")] = None,
