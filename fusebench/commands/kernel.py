@@ -10,11 +10,15 @@ import typer
 from fusebench.cell.kernel_cell import DIRECTIONS
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import DTYPES
-from fusebench.kernels import families
+from fusebench.kernels import families, get_problem
 from fusebench.render.kernel_table import kernel_table
 
 
 Direction = choices("Direction", DIRECTIONS)
+# from the registry: each family's problem says how a user impl is called
+_IMPL_HELP = ("Impls, comma-separated: registered names, path/to/file.py:fn (called like the "
+              "family's impls: " + "; ".join(f"{f} {get_problem(f).signature}" for f in families())
+              + "), or 'all'.")
 Dtype = choices("Dtype", DTYPES)
 
 
@@ -22,11 +26,7 @@ Dtype = choices("Dtype", DTYPES)
 def kernel(
     family: Annotated[str, typer.Argument(
         help=f"Kernel family: {', '.join(families())}.")],
-    impl: Annotated[str, typer.Option("--impl", "-i", help="Impls, comma-separated: registered "
-                                      "names, path/to/file.py:fn (called like the family's impls: "
-                                      "ln2d fn(x, weight, bias, eps), silu fn(x), se_gate "
-                                      "fn(x, gate_logits), bias_gelu fn(x, bias)), or 'all'.")]
-    = "all",
+    impl: Annotated[str, typer.Option("--impl", "-i", help=_IMPL_HELP)] = "all",
     shape: Annotated[Optional[list[str]], typer.Option(
         "--shape", help="N,C,H,W (repeatable). Default: the family's, 8,96,56,56.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="DIM=v1,v2,... e.g. C=32,64,96,192.")]
