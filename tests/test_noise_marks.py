@@ -89,3 +89,19 @@ def test_kernel_progress_label_names_the_impl():
     assert kernel_record().spec.label().startswith("ln2d/permute/")
     assert model_record().spec.label() == "convnext_tiny/eager/train"
 
+
+
+def test_kernel_cell_noisy_timing_gets_the_noise_event(monkeypatch):
+    """Kernel cells carry the same noise event as model cells (issue 11.4)."""
+    from fusebench.cell import kernel_cell
+
+    def noisy(step, setup, x, n, device):
+        step()
+        copy = {"copy_gbps": 10.0, "copy_plain_gbps": 10.0, "copy_huge_gbps": None,
+                "copy_prealloc_gbps": 10.0}
+        return [1.0, 2.0, 3.0, 4.0, 5.0] * 4, copy
+    monkeypatch.setattr(kernel_cell, "time_with_copies", noisy)
+    spec = CellSpec.for_kernel("ln2d", "permute", (2, 8, 4, 4), "eager", direction="fwd")
+    rec = kernel_cell.run_cell(spec, lambda phase: None)
+    assert rec.status == "ok", rec.error
+    assert [e for e in rec.events if e.kind == "noise"], rec.events

@@ -101,3 +101,18 @@ def test_short_labels():
 def test_display_name():
     assert display_name("some/dir/file.py:make") == "make"
     assert display_name("convnext_tiny") == "convnext_tiny"
+
+
+def test_compare_cli_wide_keeps_every_column(tmp_path):
+    from typer.testing import CliRunner
+    from fusebench.cli import app
+    recs = (modes_run("convnext_tiny", SPEEDS, seed=1)
+            + modes_run("a_long_model_name_for_width", SPEEDS, seed=5, batch_size=64))
+    path = write_results(tmp_path / "a.json", recs)
+    args = ["compare", str(path), "--metric", "step_ms"]
+    narrow = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0, narrow.output
+    assert "…" not in narrow.stdout and "not shown at this width: IQR (ms)" in narrow.stdout
+    wide = CliRunner().invoke(app, [*args, "--wide"], env={"COLUMNS": "80"})
+    assert wide.exit_code == 0, wide.output
+    assert "IQR" in wide.stdout and "not shown" not in wide.stdout and "…" not in wide.stdout
