@@ -112,7 +112,11 @@ def test_compare_cli_wide_keeps_every_column(tmp_path):
     args = ["compare", str(path), "--metric", "step_ms"]
     narrow = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert narrow.exit_code == 0, narrow.output
-    assert "…" not in narrow.stdout and "not shown at this width: IQR (ms)" in narrow.stdout
+    assert "not shown at this width: IQR (ms)" in narrow.stdout
+    cmp = compare_files([path], metric="step_ms")
+    values = [cmp.metric.show(r.value) for r in cmp.rows]
+    ratios = [v for r in cmp.rows if r.ratio for v in NUMBER.findall(r.verdict)]
+    assert_whole(narrow.stdout, values + ratios, 80)    # the long name folds, nothing is cut
     wide = CliRunner().invoke(app, [*args, "--wide"], env={"COLUMNS": "80"})
     assert wide.exit_code == 0, wide.output
     assert "IQR" in wide.stdout and "not shown" not in wide.stdout and "…" not in wide.stdout

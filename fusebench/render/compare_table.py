@@ -140,8 +140,8 @@ def _columns(cmp: Comparison, runs: dict[str, str]) -> list[Column]:
         elif h == heads[-1]:
             # the verdict may wrap between words (its numbers stay whole)
             cols.append(Column(f"vs {runs.get(cmp.baseline, cmp.baseline)}", wrap=True))
-        else:
-            cols.append(Column(h, wrap=(h == "config")))
+        else:   # names: model, config, mode, run
+            cols.append(Column(h, wrap=(h == "config"), fold=True))
     return cols
 
 

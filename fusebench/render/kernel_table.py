@@ -45,7 +45,7 @@ def kernel_table(records: list[Record], title: str = "fusebench kernel", wide: b
               "mode": [row[1] for row in rows]}
     title, same = shared_title(title, fields)
     keep = [i for i, (h, _, _) in enumerate(_KERNEL_COLUMNS) if h not in same]
-    cols = [Column(h, j, d) for h, j, d in _KERNEL_COLUMNS]
+    cols = [Column(h, j, d, fold=h in ("impl", "mode")) for h, j, d in _KERNEL_COLUMNS]
     t = FitTable([cols[i] for i in keep], title=title, wide=wide)
     for row in rows:
         t.add_row(*[row[i] for i in keep])

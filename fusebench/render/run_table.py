@@ -99,7 +99,8 @@ def run_table(records: list[Record], title: str = "fusebench run", wide: bool = 
             for i, r in enumerate(records)]
     title, same = shared_title(title, _title_fields(records))
     keep = [i for i, (h, _, _) in enumerate(_RUN_COLUMNS) if h not in same]
-    cols = [Column(h, j, d, wrap=(h == "correctness")) for h, j, d in _RUN_COLUMNS]
+    cols = [Column(h, j, d, wrap=(h == "correctness"), fold=h in ("model", "mode"))
+            for h, j, d in _RUN_COLUMNS]
     t = FitTable([cols[i] for i in keep], title=title, wide=wide,
                  caption=noise_footer(f"{records[i].spec.variant()} vs eager: {why}"
                                       for i, why in noisy.items()
