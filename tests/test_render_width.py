@@ -120,3 +120,21 @@ def test_compare_cli_wide_keeps_every_column(tmp_path):
     wide = CliRunner().invoke(app, [*args, "--wide"], env={"COLUMNS": "80"})
     assert wide.exit_code == 0, wide.output
     assert "IQR" in wide.stdout and "not shown" not in wide.stdout and "…" not in wide.stdout
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_columns_that_tell_rows_apart_stay(width):
+    """Batch and model differ between rows: they stay, lower-priority columns go first."""
+    recs = [model_record("efficientnet_b3", m, base_ms=ms, seed=i, batch_size=bs)
+            for i, (m, ms, bs) in enumerate([("eager", 3359.42, 32), ("compile", 1234.5, 32),
+                                              ("eager", 843.21, 8)])]
+    recs.append(model_record("convnext_tiny", "eager", base_ms=999.99, seed=7))
+    text = render(run_table(recs), width)
+    header = next(line for line in text.splitlines() if "mode" in line)
+    assert " b " in header and "model" in header
+    assert_whole(text, [f"{r.step_ms.median:.2f}" for r in recs] + ["32", "8"], width)
+    krecs = [kernel_record("permute", base_ms=1.5, shape=(8, 96, 56, 56), seed=1),
+             kernel_record("permute", base_ms=12.25, shape=(64, 768, 14, 14), seed=2)]
+    ktext = render(kernel_table(krecs), width)
+    assert "8x96x56x56" in ktext and "64x768x14x14" in ktext
+    assert_whole(ktext, [f"{r.step_ms.median:.3f}" for r in krecs], width)

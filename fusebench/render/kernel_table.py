@@ -17,8 +17,9 @@ def _impl(r: Record) -> str:
 
 
 # header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
-_KERNEL_COLUMNS = [("impl", "left", 0), ("mode", "left", 0), ("shape", "right", 5),
-                   ("dir", "left", 5), ("status", "left", 0), ("ms", "right", 0),
+# shape/dir/mode are shown only when they differ between rows: then they tell rows apart
+_KERNEL_COLUMNS = [("impl", "left", 0), ("mode", "left", 0), ("shape", "right", 0),
+                   ("dir", "left", 0), ("status", "left", 0), ("ms", "right", 0),
                    ("± IQR", "right", 4), ("GB/s", "right", 1), ("% of copy", "right", 3),
                    ("saved MB", "right", 2), ("max err", "right", 1)]
 

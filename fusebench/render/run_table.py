@@ -49,8 +49,9 @@ def _correct(r: Record) -> str:
 
 
 # header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
-_RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 7),
-                ("b", "right", 7), ("img", "right", 7), ("status", "left", 0),
+# model/bench/b/img are shown only when they differ between rows: then they tell rows apart
+_RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 0),
+                ("b", "right", 0), ("img", "right", 0), ("status", "left", 0),
                 ("samples/s", "right", 2), ("step ms", "right", 0), ("± IQR", "right", 4),
                 ("vs eager", "right", 0), ("compile s", "right", 5), ("peak mem", "right", 3),
                 ("act mem", "right", 6), ("events", "right", 8), ("correctness", "left", 1)]
