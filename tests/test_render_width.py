@@ -138,3 +138,16 @@ def test_columns_that_tell_rows_apart_stay(width):
     ktext = render(kernel_table(krecs), width)
     assert "8x96x56x56" in ktext and "64x768x14x14" in ktext
     assert_whole(ktext, [f"{r.step_ms.median:.3f}" for r in krecs], width)
+
+
+def test_wide_run_and_kernel_tables_pass_the_edge():
+    """--wide: every column, the table as wide as it needs (printed with crop=False)."""
+    recs = _run_records()
+    c = Console(width=80, record=True, color_system=None)
+    c.print(run_table(recs, wide=True), crop=False)
+    text = c.export_text(styles=False)
+    assert "act mem" in text and "events" in text and "not shown" not in text
+    assert max(len(line) for line in text.splitlines()) > 80
+    krecs = [kernel_record("permute", base_ms=1.5, shape=(8, 96, 56, 56), seed=1)]
+    c.print(kernel_table(krecs, wide=True), crop=False)
+    assert "% of copy" in c.export_text()

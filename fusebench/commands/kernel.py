@@ -1,6 +1,7 @@
 """fusebench kernel FAMILY: bundled and user kernels side by side, each through every mode."""
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -48,6 +49,8 @@ def kernel(
         "--no-save", help="Do not write the results document.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only the results document "
                                                           "on stdout.")] = False,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Every table column, even wider than the terminal.")] = False,
 ):
     """Time kernel impls side by side: GB/s, % of copy bandwidth, saved bytes, correctness."""
     from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
@@ -61,7 +64,8 @@ def kernel(
                         warmup=warmup, steps=steps, seed=seed, timeout=timeout)
     specs = plan_kernel(req)
     code = execute(specs, stem=f"kernel-{family}", out=out, save=not no_save, json_out=json_out,
-                   retry_oom=False, argv=sys.argv, table=kernel_table, details=print_details)
+                   retry_oom=False, argv=sys.argv, details=print_details,
+                   table=functools.partial(kernel_table, wide=wide))
     raise typer.Exit(code)
 
 

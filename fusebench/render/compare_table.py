@@ -181,11 +181,7 @@ def comparison_table(cmp: Comparison, wide: bool = False) -> FitTable:
 
 
 def render_table(cmp: Comparison, console: Console, wide: bool = False) -> None:
-    t = comparison_table(cmp, wide)
-    if wide:
-        console = Console(width=max(console.width, t.width_needed(console)),
-                          force_terminal=console.is_terminal)
-    console.print(t)
+    console.print(comparison_table(cmp, wide), crop=False)   # --wide may pass the edge
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -104,7 +104,11 @@ class FitTable:
         return max(_cell_min(x, False) for x in self._texts(i))
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.fit(console, options)
+        t = self.fit(console, options)
+        need = self.width_needed(console) if self.wide else 0
+        if need > options.max_width:   # --wide: as wide as it needs (print with crop=False)
+            t.width = need
+        yield t
 
     def width_needed(self, console: Console) -> int:
         """Columns the whole table needs unwrapped (for a --wide console)."""
