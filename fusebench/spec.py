@@ -259,7 +259,9 @@ class CellSpec:
 
     def label(self) -> str:
         bench = self.model.bench if self.model is not None else self.kernel.direction
-        return f"{self.subject}/{self.mode}/{bench}"
+        name = self.mode if self.kernel is None else (   # kernels: the impl, not eager
+            self.variant() + ("" if self.mode == "eager" else f"[{self.mode}]"))
+        return f"{self.subject}/{name}/{bench}"
 
 
 # fusebench/1 flat spec keys that are common to every cell (the rest went into the parts)

@@ -287,3 +287,15 @@ def test_process_spread_sets_the_minimum_effect():
     assert r.min_effect > 0.1
     one = stats.speedup_ci_processes([[100.0, 101.0, 99.0]], [[90.0, 91.0, 89.0]])
     assert one.min_effect == stats.MIN_EFFECT and one.significant
+
+
+def test_compare_nothing_matched_one_line_exit1(tmp_path):
+    a = write_results(tmp_path / "a.json", modes_run("convnext_tiny", seed=1))
+    b = write_results(tmp_path / "b.json", modes_run("effnet_b0", seed=2, batch_size=32))
+    res = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "nothing to compare" in lines[0] and "a.json has convnext_tiny train b8" in lines[0]
+    assert "b.json has effnet_b0 train b32" in lines[0] and "only in" not in res.output
+    assert res.stdout == ""

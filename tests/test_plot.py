@@ -121,3 +121,51 @@ def test_uses_agg_backend():
 
     import fusebench.render.plot  # noqa: F401
     assert matplotlib.get_backend().lower() == "agg"
+
+
+def _two_runs(tmp_path):
+    from fusebench.results.compare import load_run
+    a = write_results(tmp_path / "a.json", modes_run(
+        "convnext_tiny", {"eager": 100.0, "compile": 80.0, "aot": 95.0}, seed=1))
+    b = write_results(tmp_path / "b.json", modes_run(
+        "convnext_tiny", {"eager": 100.0, "compile": 70.0}, seed=2))
+    return [load_run(a, "a.json"), load_run(b, "b.json")]
+
+
+@pytest.mark.parametrize("kind", ["throughput", "speedup"])
+def test_two_files_one_colour_per_mode_hatch_per_file(tmp_path, kind):
+    """Issue 11.6: a colour per mode across files, the file as the hatch, no empty legend
+    slots; the config shared by every record is in the title."""
+    import matplotlib.pyplot as plt
+    from fusebench.render.plot import make_figure
+    fig = make_figure(_two_runs(tmp_path), kind)
+    try:
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        modes = ["compile", "aot"] if kind == "speedup" else ["eager", "compile", "aot"]
+        assert labels[:len(modes)] == modes
+        assert labels[len(modes):len(modes) + 2] == ["a.json", "b.json"]
+        assert len(labels) == len(set(labels))
+        colour = {}
+        for bar in ax.patches:
+            colour.setdefault(bar.get_hatch() or "", set()).add(bar.get_facecolor())
+        assert set(colour) == {"", "//"}                       # one hatch per file
+        assert colour["//"] <= colour[""]                      # same colours in both files
+        assert "convnext_tiny · train b8 224" in ax.get_title()
+    finally:
+        plt.close(fig)
+
+
+def test_memory_one_model_bars_name_the_mode(files):
+    import matplotlib.pyplot as plt
+    from fusebench.render.plot import make_figure
+    from fusebench.results.compare import load_run
+    recs = modes_run("convnext_tiny", {"eager": 100.0, "compile": 80.0}, seed=1)
+    path = write_results(files["run"].parent / "one.json", recs)
+    fig = make_figure([load_run(path)], "memory")
+    try:
+        ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert ticks == ["eager", "compile"]
+        assert "convnext_tiny" in fig.axes[0].get_title()
+    finally:
+        plt.close(fig)

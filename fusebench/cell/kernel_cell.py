@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from fusebench.errors import UsageError, unknown_name
 from fusebench.measure.events import EventLog
+from fusebench.measure.noise import noise_event
 from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec, Correctness, ErrorInfo, Record, StepStats
 
@@ -475,6 +476,7 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         phase("timing")
         samples, copies = time_with_copies(step, setup, x, spec.steps, spec.device)
         stats = StepStats.from_samples(samples)
+        noise_event(stats, events)   # same noise warning as a model cell
         act = saved_bytes(call, module, x, direction)
         after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
         mode.finish(events)

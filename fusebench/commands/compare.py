@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fusebench.commands import add_command, choices, guarded
 from fusebench.render.compare_table import TEXT_RENDERERS
@@ -19,7 +20,8 @@ CompareFormat = choices("CompareFormat", ("table", *TEXT_RENDERERS))   # table: 
 
 @guarded
 def compare(
-    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    files: Annotated[list[Path], typer.Argument(
+        help="Results files (fusebench JSON, any schema version).")],
     baseline: Annotated[Optional[str], typer.Option(
         help="One file: the baseline mode (default eager). Several files: the baseline file "
              "(default the first).")] = None,
@@ -31,6 +33,9 @@ def compare(
         "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a cell is worse by more than PCT percent and its 95% CI excludes "
              "no change (or, across runs, a cell that was ok now fails).")] = None,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Every column, even wider than the terminal (default: the columns "
+                       "that fit, numbers never cut).")] = False,
 ) -> None:
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
     from fusebench.results.compare import compare_files
@@ -38,10 +43,13 @@ def compare(
 
     cmp = compare_files(files, metric.value, baseline, fail_on_regression)
     err = Console(stderr=True)
+    if cmp.nothing_matched:
+        err.print(f"fusebench: {escape(cmp.nothing_matched)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
     for w in cmp.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if fmt.value == "table":
-        render_table(cmp, Console())
+        render_table(cmp, Console(), wide)
     else:
         sys.stdout.write(TEXT_RENDERERS[fmt.value](cmp))
     if not cmp.rows:
@@ -50,8 +58,9 @@ def compare(
     if regressions:
         for r in regressions:
             where = f" in {r.run}" if r.run else ""
-            err.print(f"[bold red]regression[/bold red]{where}: {r.model} {r.config} "
-                      f"{r.variant}: {r.verdict}", highlight=False, soft_wrap=True)
+            err.print("[bold red]regression[/bold red]" + escape(
+                f"{where}: {r.model} {r.config} {r.variant}: {r.verdict}"),
+                highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

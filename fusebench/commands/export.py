@@ -16,7 +16,8 @@ ExportFormat = choices("ExportFormat", EXPORTERS)
 
 @guarded
 def export(
-    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    files: Annotated[list[Path], typer.Argument(
+        help="Results files (fusebench JSON, any schema version).")],
     fmt: Annotated[ExportFormat, typer.Option("--format", help="Output format.")] =
         ExportFormat("csv"),
     output: Annotated[Optional[Path], typer.Option(

@@ -1,6 +1,7 @@
 """fusebench kernel FAMILY: bundled and user kernels side by side, each through every mode."""
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,11 +11,15 @@ import typer
 from fusebench.cell.kernel_cell import DIRECTIONS
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import DTYPES
-from fusebench.kernels import families
+from fusebench.kernels import families, get_problem
 from fusebench.render.kernel_table import kernel_table
 
 
 Direction = choices("Direction", DIRECTIONS)
+# from the registry: each family's problem says how a user impl is called
+_IMPL_HELP = ("Impls, comma-separated: registered names, path/to/file.py:fn (called like the "
+              "family's impls: " + "; ".join(f"{f} {get_problem(f).signature}" for f in families())
+              + "), or 'all'.")
 Dtype = choices("Dtype", DTYPES)
 
 
@@ -22,11 +27,7 @@ Dtype = choices("Dtype", DTYPES)
 def kernel(
     family: Annotated[str, typer.Argument(
         help=f"Kernel family: {', '.join(families())}.")],
-    impl: Annotated[str, typer.Option("--impl", "-i", help="Impls, comma-separated: registered "
-                                      "names, path/to/file.py:fn (called like the family's impls: "
-                                      "ln2d fn(x, weight, bias, eps), silu fn(x), se_gate "
-                                      "fn(x, gate_logits), bias_gelu fn(x, bias)), or 'all'.")]
-    = "all",
+    impl: Annotated[str, typer.Option("--impl", "-i", help=_IMPL_HELP)] = "all",
     shape: Annotated[Optional[list[str]], typer.Option(
         "--shape", help="N,C,H,W (repeatable). Default: the family's, 8,96,56,56.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="DIM=v1,v2,... e.g. C=32,64,96,192.")]
@@ -48,6 +49,8 @@ def kernel(
         "--no-save", help="Do not write the results document.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only the results document "
                                                           "on stdout.")] = False,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Every table column, even wider than the terminal.")] = False,
 ):
     """Time kernel impls side by side: GB/s, % of copy bandwidth, saved bytes, correctness."""
     from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
@@ -61,7 +64,8 @@ def kernel(
                         warmup=warmup, steps=steps, seed=seed, timeout=timeout)
     specs = plan_kernel(req)
     code = execute(specs, stem=f"kernel-{family}", out=out, save=not no_save, json_out=json_out,
-                   retry_oom=False, argv=sys.argv, table=kernel_table, details=print_details)
+                   retry_oom=False, argv=sys.argv, details=print_details,
+                   table=functools.partial(kernel_table, wide=wide))
     raise typer.Exit(code)
 
 

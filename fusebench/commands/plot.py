@@ -16,7 +16,8 @@ PlotKind = choices("PlotKind", PLOTS)
 
 @guarded
 def plot(
-    files: Annotated[list[Path], typer.Argument(help="Results files (fusebench/1 JSON).")],
+    files: Annotated[list[Path], typer.Argument(
+        help="Results files (fusebench JSON, any schema version).")],
     kind: Annotated[PlotKind, typer.Option(help="Which figure.")] = PlotKind("speedup"),
     output: Annotated[Path, typer.Option("--output", "-o",
                                          help="Image to write: .png, .svg or .pdf.")] =

@@ -5,6 +5,7 @@ option per declared mode option (fusebench.modes.options.ModeOption) is appended
 option is on the CLI, in --help and checked without touching this file."""
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ OUTPUT = (
         "--no-save", help="Do not write the results document (print the table only).")),
     _p("json_out", bool, False, typer.Option(
         "--json", help="Print only the results document on stdout.")),
+    _p("wide", bool, False, typer.Option(
+        "--wide", help="Every table column, even wider than the terminal.")),
 )
 
 
@@ -114,13 +117,14 @@ def request(p: dict[str, Any]) -> RunRequest:
 def run(**params: Any) -> None:
     """Benchmark MODEL in every requested mode, one isolated worker process per cell."""
     from fusebench.run.plan import plan_run
+    from fusebench.render.run_table import run_table
     from fusebench.run.session import execute
 
     specs = plan_run(request(params))
     code = execute(specs, stem=params["model"].split(",")[0], out=params["out"],
                    save=not params["no_save"], json_out=params["json_out"],
                    warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
-                   argv=sys.argv)
+                   argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]))
     raise typer.Exit(code)
 
 

@@ -5,20 +5,17 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 from rich.text import Text
 
+from fusebench.render.fit import Column, FitTable
+from fusebench.render.names import display_name
 from fusebench.results.compare import Comparison, Row
-
-
-def _one_config(cmp: Comparison) -> str | None:
-    """The config shared by every row, if there is just one (then it goes in the title)."""
-    configs = {r.config for r in cmp.rows}
-    return configs.pop() if len(configs) == 1 else None
 
 
 def _headers(cmp: Comparison) -> list[str]:
@@ -82,49 +79,109 @@ def _verdict_style(r: Row) -> str:
         return "bold red"
     if r.ratio is None or r.baseline:
         return "dim" if r.baseline else "yellow"
-    if not r.ratio.significant:
+    if not r.ratio.significant or r.noise:
         return "dim"
     return "green" if r.ratio.gain > 1 else "red"
 
 
-def render_table(cmp: Comparison, console: Console) -> None:
-    caption = cmp.env_summary or None
-    title = (f"{cmp.metric.label}: modes vs {cmp.baseline}" if cmp.kind == "modes"
-             else f"{cmp.metric.label}: runs vs {cmp.baseline}")
-    one_config = _one_config(cmp)
-    if one_config:
-        title += f" · {one_config}"
-    t = Table(title=title, caption=caption, show_lines=False)
+def short_labels(labels: Sequence[str]) -> dict[str, str]:
+    """Each run label -> the part that tells it from the others: the common prefix and
+    suffix cut at a separator ('conv_a.json', 'conv_b.json' -> 'a', 'b')."""
+    labels = list(dict.fromkeys(labels))
+    if len(labels) < 2:
+        return {x: x for x in labels}
+    pre = len(os.path.commonprefix(labels))
+    suf = len(os.path.commonprefix([x[::-1] for x in labels]))
+    while pre and labels[0][pre - 1] not in _SEPARATORS:
+        pre -= 1
+    while suf and labels[0][-suf] not in _SEPARATORS:
+        suf -= 1
+    short = {x: x[pre:len(x) - suf] for x in labels}
+    if any(not v for v in short.values()) or len(set(short.values())) < len(labels):
+        return {x: x for x in labels}
+    return short
+
+
+_SEPARATORS = "._-/ "
+
+
+def _caption(cmp: Comparison, runs: dict[str, str]) -> str | None:
+    lines = [escape(cmp.env_summary)] if cmp.env_summary else []
+    lines += [escape(f"run {v} = {k}") for k, v in runs.items() if k != v]
+    noisy = dict.fromkeys(f"? {r.variant}" + (f" in {runs.get(r.run, r.run)}" if r.run else "")
+                          + f": {r.noise}" for r in cmp.rows if r.noise)
+    if noisy:
+        lines += [escape(n) for n in noisy]
+        lines.append("[dim]?: a side of this ratio is noisy; its CI may be too narrow, rerun[/]")
+    return "\n".join(lines) or None
+
+
+def _title(cmp: Comparison) -> tuple[str, set[str]]:
+    """The title, plus the columns it makes redundant (one model, one config)."""
+    title = f"{cmp.metric.label}: {cmp.kind} vs {cmp.baseline}"
+    same: set[str] = set()
+    for col, values in (("model", {r.model for r in cmp.rows}),
+                        ("config", {r.config for r in cmp.rows})):
+        if len(values) == 1 and len(cmp.rows) > 1:
+            title += f" · {display_name(values.pop()) if col == 'model' else values.pop()}"
+            same.add(col)
+    return title, same
+
+
+def _columns(cmp: Comparison, runs: dict[str, str]) -> list[Column]:
     heads = _headers(cmp)
-    value_col = heads.index(f"{cmp.metric.label} ({cmp.metric.unit})")
-    drop = heads.index("config") if one_config else None
-    for i, h in enumerate(heads):
-        if i == drop:
-            continue
-        if i == value_col:
-            h = f"{cmp.metric.label}\n({cmp.metric.unit})"
-        # the verdict is the point of the table: never wrap it, let the config column wrap
-        t.add_column(h, justify="right" if value_col <= i < len(heads) - 1 else "left",
-                     no_wrap=(i == len(heads) - 1 or h in ("model", "mode")),
-                     min_width=len(cmp.metric.unit) + 2 if i == value_col else None)
+    value = f"{cmp.metric.label} ({cmp.metric.unit})"
+    cols = []
+    for h in heads:
+        if h == value:
+            cols.append(Column(f"{cmp.metric.label}\n({cmp.metric.unit})", "right"))
+        elif h == "IQR (ms)":
+            cols.append(Column("IQR\n(ms)", "right", drop=1))
+        elif h == heads[-1]:
+            # the verdict may wrap between words (its numbers stay whole)
+            cols.append(Column(f"vs {runs.get(cmp.baseline, cmp.baseline)}", wrap=True))
+        else:   # names: model, config, mode, run
+            cols.append(Column(h, wrap=(h == "config"), fold=True))
+    return cols
+
+
+def _table_row(cmp: Comparison, r: Row, mark: str | None, runs: dict[str, str]) -> list[Any]:
+    cells: list[Any] = [escape(c) for c in _cells(cmp, r)]
+    cells[0] = escape(display_name(r.model))
+    if cmp.kind == "runs":
+        cells[3] = escape(runs.get(r.run, r.run))
+    vi = _headers(cmp).index(f"{cmp.metric.label} ({cmp.metric.unit})")
+    if mark:
+        cells[vi] = Text(_cells(cmp, r)[vi], style="bold green" if mark == "best" else "bold red")
+    cells[-1] = Text(_cells(cmp, r)[-1] + ("?" if r.noise else ""), style=_verdict_style(r))
+    return cells
+
+
+def comparison_table(cmp: Comparison, wide: bool = False) -> FitTable:
+    """The compare table (a FitTable: it fits the console it is printed on)."""
+    runs = short_labels([r.run for r in cmp.rows]) if cmp.kind == "runs" else {}
+    title, same = _title(cmp)
+    keep = [i for i, h in enumerate(_headers(cmp)) if h not in same]
+    cols = _columns(cmp, runs)
+    t = FitTable([cols[i] for i in keep], title=title, caption=_caption(cmp, runs), wide=wide)
     marks = _best_worst(cmp)
     for i, r in enumerate(cmp.rows):
-        cells: list[Any] = _cells(cmp, r)
-        mark = marks.get(i)
-        if mark:
-            cells[value_col] = Text(cells[value_col], style="bold green" if mark == "best"
-                                    else "bold red")
-        cells[-1] = Text(cells[-1], style=_verdict_style(r))
+        cells = _table_row(cmp, r, marks.get(i), runs)
         last_of_group = i + 1 < len(cmp.rows) and cmp.rows[i + 1].group != r.group
-        t.add_row(*[c for j, c in enumerate(cells) if j != drop], end_section=last_of_group)
-    if cmp.geomean:
-        t.add_section()
-        for g in cmp.geomean:
-            style = "dim" if not g.ratio.significant else ("green" if g.ratio.gain > 1 else "red")
-            cells = _geo_cells(cmp, g)
-            cells[-1] = Text(cells[-1], style=style)
-            t.add_row(*[c for j, c in enumerate(cells) if j != drop], style="italic")
-    console.print(t)
+        t.add_row(*[cells[j] for j in keep], end_section=last_of_group)
+    t.add_section()
+    for g in cmp.geomean:
+        style = "dim" if not g.ratio.significant else ("green" if g.ratio.gain > 1 else "red")
+        cells = [escape(c) for c in _geo_cells(cmp, g)]
+        if cmp.kind == "runs":
+            cells[3] = escape(runs.get(g.label, g.label))
+        cells[-1] = Text(_geo_cells(cmp, g)[-1], style=style)
+        t.add_row(*[cells[j] for j in keep], style="italic")
+    return t
+
+
+def render_table(cmp: Comparison, console: Console, wide: bool = False) -> None:
+    console.print(comparison_table(cmp, wide), crop=False)   # --wide may pass the edge
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from fusebench.results import compare as C  # noqa: E402
 from fusebench.results.env import env_differences, env_summary  # noqa: E402
 from fusebench.errors import UsageError  # noqa: E402
-from fusebench.render.run_table import short_model  # noqa: E402
+from fusebench.render.names import display_name  # noqa: E402
 from fusebench.spec import Record  # noqa: E402
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -33,7 +33,7 @@ def _ok(records: Sequence[Record]) -> list[Record]:
 
 
 def _cell_name(r: Record, many_configs: bool) -> str:
-    name = short_model(r.spec.subject)
+    name = display_name(r.spec.subject)
     return f"{name}\n{r.spec.config_label()}" if many_configs else name
 
 
@@ -50,8 +50,10 @@ def _footnote(fig, runs: Sequence[C.Run]) -> None:
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
-                  err: dict[str, dict[str, tuple[float, float]]] | None = None) -> None:
-    """Bars: one group per x label, one bar per series; err gives (low, high) whisker ends."""
+                  err: dict[str, dict[str, tuple[float, float]]] | None = None,
+                  styles: "SeriesStyles | None" = None) -> None:
+    """Bars: one group per x label, one bar per series; err gives (low, high) whisker ends.
+    styles: a colour per mode and a hatch per file, with a legend of those (no empty slots)."""
     names = list(series)
     width = 0.8 / max(len(names), 1)
     x = np.arange(len(groups))
@@ -64,13 +66,45 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
             hi = np.array([err[name].get(g, (np.nan, np.nan))[1] for g in groups], dtype=float)
             yerr = np.vstack([np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)])
             yerr = np.nan_to_num(yerr)
-        ax.bar(pos, np.nan_to_num(ys), width, label=name, yerr=yerr, capsize=3 if yerr is not None
-               else 0, error_kw={"elinewidth": 1})
+        kw = styles.bar(name) if styles else {"label": name}
+        have = np.isfinite(ys)     # a mode missing from a cell: no bar, no whisker at 0
+        ax.bar(pos[have], ys[have], width, yerr=None if yerr is None else yerr[:, have],
+               capsize=3 if yerr is not None else 0, error_kw={"elinewidth": 1}, **kw)
     ax.set_xticks(x, groups, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    if len(names) > 1:
+    if styles:
+        ax.legend(handles=styles.handles(), fontsize=8)
+    elif len(names) > 1:
         ax.legend(fontsize=8)
+
+
+HATCHES = ("", "//", "..", "xx", "\\\\", "oo")   # one per file, after the first (plain)
+
+
+class SeriesStyles:
+    """Series named 'mode · file': one colour per mode in every file, one hatch per file."""
+
+    def __init__(self, keys: dict[str, tuple[str, str]]):
+        self.keys = keys                                    # series name -> (mode, file)
+        modes = list(dict.fromkeys(m for m, _ in keys.values()))
+        files = list(dict.fromkeys(f for _, f in keys.values()))
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        self.colour = {m: colours[i % len(colours)] for i, m in enumerate(modes)}
+        self.hatch = {f: HATCHES[i % len(HATCHES)] for i, f in enumerate(files)}
+
+    def bar(self, name: str) -> dict:
+        mode, file = self.keys[name]
+        return {"color": self.colour[mode], "hatch": self.hatch[file], "edgecolor": "0.2",
+                "linewidth": 0.5}
+
+    def handles(self) -> list:
+        from matplotlib.patches import Patch
+        out = [Patch(facecolor=c, edgecolor="0.2", label=m) for m, c in self.colour.items()]
+        if len(self.hatch) > 1:
+            out += [Patch(facecolor="white", edgecolor="0.2", hatch=h, label=f)
+                    for f, h in self.hatch.items()]
+        return out
 
 
 def _label(run: C.Run, many_runs: bool, name: str) -> str:
@@ -84,6 +118,7 @@ def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
     err: dict[str, dict[str, tuple[float, float]]] = {}
     groups: list[str] = []
     baseline = None
+    keys: dict[str, tuple[str, str]] = {}
     for run in runs:
         recs = run.records
         many_cfg = _many_configs(recs)
@@ -92,19 +127,21 @@ def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
         for row in cmp.rows:
             if row.baseline or row.ratio is None:
                 continue
-            g = f"{short_model(row.model)}\n{row.config}" if many_cfg else short_model(row.model)
+            g = f"{display_name(row.model)}\n{row.config}" if many_cfg else display_name(row.model)
             if g not in groups:
                 groups.append(g)
             name = _label(run, len(runs) > 1, row.variant)
+            keys[name] = (row.variant, run.label)
             series.setdefault(name, {})[g] = row.ratio.gain
             lo = row.ratio.low if row.ratio.has_ci else row.ratio.gain
             hi = row.ratio.high if row.ratio.has_ci else row.ratio.gain
             err.setdefault(name, {})[g] = (lo, hi)
     if not groups:
         raise UsageError("nothing to plot: no mode with a successful baseline to compare to")
-    _grouped_bars(ax, groups, series, err)
-    ax.axhline(1.0, color="black", lw=1, ls="--", label=f"{baseline} (1.0)")
-    ax.legend(fontsize=8)
+    styles = SeriesStyles(keys)
+    _grouped_bars(ax, groups, series, err, styles)
+    line = ax.axhline(1.0, color="black", lw=1, ls="--", label=f"{baseline} (1.0)")
+    ax.legend(handles=[*styles.handles(), line], fontsize=8)
     ax.set_ylabel(f"speedup over {baseline} (x, higher is better)")
     ax.set_xlabel("model")
     return f"Speedup over {baseline} (bars: median ratio, whiskers: 95% bootstrap CI)"
@@ -115,6 +152,7 @@ def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
     series: dict[str, dict[str, float]] = {}
     err: dict[str, dict[str, tuple[float, float]]] = {}
     groups: list[str] = []
+    keys: dict[str, tuple[str, str]] = {}
     for run in runs:
         recs = _ok(run.records)
         many_cfg = _many_configs(recs)
@@ -126,6 +164,7 @@ def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
             if g not in groups:
                 groups.append(g)
             name = _label(run, len(runs) > 1, r.spec.variant())
+            keys[name] = (r.spec.variant(), run.label)
             series.setdefault(name, {})[g] = tp
             if r.step_ms:  # slow steps (p90) give low throughput
                 n = r.spec.samples_per_step
@@ -135,7 +174,7 @@ def plot_throughput(ax, runs: Sequence[C.Run]) -> str:
         raise UsageError("nothing to plot: no successful record with a throughput")
     for name in series:
         err.setdefault(name, {})
-    _grouped_bars(ax, groups, series, err)
+    _grouped_bars(ax, groups, series, err, SeriesStyles(keys))
     ax.set_ylabel("throughput (samples/s, higher is better)")
     ax.set_xlabel("cell")
     return "Throughput per cell (whiskers: p10–p90 of steps)"
@@ -148,10 +187,14 @@ def plot_memory(ax, runs: Sequence[C.Run]) -> str:
     for run in runs:
         recs = _ok(run.records)
         many_cfg = _many_configs(recs)
+        one_cell = not many_cfg and len({r.spec.subject for r in recs}) == 1
         for r in recs:
             if r.peak_mem_bytes is None and r.activation_bytes is None:
                 continue
-            g = _label(run, len(runs) > 1, f"{_cell_name(r, many_cfg)}\n{r.spec.variant()}")
+            # one model and config: it is in the title, the bar says only the mode
+            cell = _cell_name(r, many_cfg)
+            what = r.spec.variant() if one_cell else f"{cell}\n{r.spec.variant()}"
+            g = _label(run, len(runs) > 1, what)
             groups.append(g)
             if r.peak_mem_bytes is not None:
                 series["peak memory"][g] = r.peak_mem_bytes / 2 ** 20
@@ -233,7 +276,7 @@ def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
         if x is None or y is None:
             continue
         name = r.spec.variant()
-        name = f"{short_model(r.spec.subject)}/{name}" if many_models else name
+        name = f"{display_name(r.spec.subject)}/{name}" if many_models else name
         lines.setdefault(_label(run, len(runs) > 1, name), []).append(
             SweepPoint(x, y, lo, hi))
     for name, pts in lines.items():
@@ -262,6 +305,15 @@ PLOTS: dict[str, Callable] = {
 
 
 # --- entry point --------------------------------------------------------------------------------
+def _shared_config(runs: Sequence[C.Run]) -> str:
+    """What every record shares, for the title: 'convnext_tiny · train b8 224 fp32 cpu'."""
+    recs = [r for run in runs for r in run.records]
+    models = {display_name(r.spec.subject) for r in recs}
+    configs = {r.spec.config_label() for r in recs}
+    parts = [models.pop()] if len(models) == 1 else []
+    return " · ".join(parts + ([configs.pop()] if len(configs) == 1 else []))
+
+
 def check_output(out: str | Path) -> Path:
     out = Path(out)
     if out.suffix.lower() not in FORMATS:
@@ -277,7 +329,8 @@ def make_figure(runs: Sequence[C.Run], kind: str):
     fig, ax = plt.subplots(figsize=(9, 5.2))
     try:
         title = PLOTS[kind](ax, runs)
-        ax.set_title(title, fontsize=11)
+        shared = _shared_config(runs)
+        ax.set_title(f"{title}\n{shared}" if shared else title, fontsize=11)
         n_groups = len(ax.get_xticks())
         if kind != "sweep" and n_groups > 4:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right")

@@ -5,8 +5,9 @@ from collections.abc import Iterable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from fusebench.render.fit import Column, FitTable
+from fusebench.render.names import display_name, shared_title
 from fusebench.spec import Record
 
 STATUS_STYLE = {"ok": "green", "mismatch": "bold red", "error": "red", "unavailable": "yellow",
@@ -15,7 +16,8 @@ TOP_EVENTS = 5
 
 
 def short_model(name: str) -> str:
-    """'path/to/file.py:factory' -> 'file.py:factory' for display; zoo names unchanged."""
+    """'path/to/file.py:factory' -> 'file.py:factory' (file names, headings); zoo names
+    unchanged."""
     path, sep, fn = name.rpartition(":")
     return f"{path.rsplit('/', 1)[-1]}:{fn}" if sep and path.endswith(".py") else name
 
@@ -46,30 +48,66 @@ def _correct(r: Record) -> str:
     return ("[green]pass[/] " if c.passed else "[bold red]FAIL[/] ") + errs
 
 
-def run_table(records: list[Record], title: str = "fusebench run") -> Table:
-    t = Table(title=title, title_justify="left")
-    for col, kw in [("model", {}), ("mode", {}), ("bench", {}), ("b", {"justify": "right"}),
-                    ("img", {"justify": "right"}), ("status", {}),
-                    ("samples/s", {"justify": "right"}), ("step ms (median ± IQR)",
-                                                          {"justify": "right"}),
-                    ("vs eager", {"justify": "right"}), ("compile s", {"justify": "right"}),
-                    ("peak mem", {"justify": "right"}), ("act mem", {"justify": "right"}),
-                    ("events", {"justify": "right"}), ("correctness", {})]:
-        t.add_column(col, **kw)
-    from fusebench.results.compare import speedups   # scipy: only when a table is drawn
-    sp = speedups(records, "eager")     # the cell's eager record is the denominator
-    for i, r in enumerate(records):
-        st, m = r.step_ms, r.spec.model
-        t.add_row(
-            short_model(r.spec.subject), r.spec.mode, m.bench if m else "-",
-            str(m.batch_size) if m else "-", str(m.img_size or "-") if m else "-",
+# header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
+# model/bench/b/img are shown only when they differ between rows: then they tell rows apart
+_RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 0),
+                ("b", "right", 0), ("img", "right", 0), ("status", "left", 0),
+                ("samples/s", "right", 2), ("step ms", "right", 0), ("± IQR", "right", 4),
+                ("vs eager", "right", 0), ("compile s", "right", 5), ("peak mem", "right", 3),
+                ("act mem", "right", 6), ("events", "right", 8), ("correctness", "left", 1)]
+
+
+def _run_cells(r: Record, ratio: str) -> list[str]:
+    st, m = r.step_ms, r.spec.model
+    return [escape(display_name(r.spec.subject)), escape(r.spec.variant()),
+            m.bench if m else "-", str(m.batch_size) if m else "-",
+            str(m.img_size or "-") if m else "-",
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{r.throughput:,.1f}" if r.throughput else "-",
-            f"{st.median:.2f} ± {st.iqr:.2f}" if st else "-",
-            f"{sp[i]:.2f}x" if i in sp else "-",
+            f"{st.median:.2f}" if st else "-", f"± {st.iqr:.2f}" if st else "-", ratio,
             f"{r.compile_s:.2f}" if r.compile_s is not None else "-",
             fmt_bytes(r.peak_mem_bytes), fmt_bytes(r.activation_bytes),
-            str(sum(e.count for e in r.events)), _correct(r))
+            str(sum(e.count for e in r.events)), _correct(r)]
+
+
+def _title_fields(records: list[Record]) -> dict[str, list[str]]:
+    """Column -> the caption form of each row's value ('b8', '224px')."""
+    ms = [r.spec.model for r in records]
+    return {"model": [escape(display_name(r.spec.subject)) for r in records],
+            "bench": [m.bench if m else "-" for m in ms],
+            "b": [f"b{m.batch_size}" if m else "-" for m in ms],
+            "img": [f"{m.img_size}px" if m and m.img_size else "-" for m in ms]}
+
+
+def ratio_cell(text: str, noisy: str | None) -> str:
+    """A ratio; dim with a '?' when a side of it is noisy (the footer says why)."""
+    return f"[dim]{text}?[/]" if noisy else text
+
+
+def noise_footer(reasons: Iterable[str]) -> str | None:
+    lines = dict.fromkeys(f"? {why}" for why in reasons)
+    if not lines:
+        return None
+    return escape("\n".join(lines)) + "\n[dim]?: a side of this ratio is noisy; rerun it[/]"
+
+
+def run_table(records: list[Record], title: str = "fusebench run", wide: bool = False):
+    """The run table (a FitTable: it fits the console it is printed on)."""
+    from fusebench.results.compare import noisy_speedups, speedups  # scipy: only when drawn
+    sp = speedups(records, "eager")     # the cell's eager record is the denominator
+    noisy = noisy_speedups(records, "eager")
+    rows = [_run_cells(r, ratio_cell(f"{sp[i]:.2f}x", noisy.get(i)) if i in sp else "-")
+            for i, r in enumerate(records)]
+    title, same = shared_title(title, _title_fields(records))
+    keep = [i for i, (h, _, _) in enumerate(_RUN_COLUMNS) if h not in same]
+    cols = [Column(h, j, d, wrap=(h == "correctness"), fold=h in ("model", "mode"))
+            for h, j, d in _RUN_COLUMNS]
+    t = FitTable([cols[i] for i in keep], title=title, wide=wide,
+                 caption=noise_footer(f"{records[i].spec.variant()} vs eager: {why}"
+                                      for i, why in noisy.items()
+                                      if records[i].spec.variant() != "eager"))
+    for row in rows:
+        t.add_row(*[row[i] for i in keep])
     return t
 
 

@@ -105,6 +105,52 @@ def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, fl
     return out
 
 
+# --- noise: a ratio is only as good as its noisier side -----------------------------------------
+def noise_of(r: Record) -> str | None:
+    """Why this record's timing cannot be trusted, or None: a wide IQR or a busy machine
+    (record.extra["contention"] judged by measure.contention, or a 'contention' event)."""
+    from fusebench.measure.noise import noisy_fraction
+    frac = noisy_fraction(r.step_ms)
+    if frac is not None:
+        return f"IQR/median {frac:.0%}"
+    busy = _busy(r.extra.get("contention"))
+    if busy:
+        return busy
+    event = next((e for e in r.events if e.kind == "contention"), None)
+    return f"machine busy ({event.message})" if event else None
+
+
+def _busy(fields: Any) -> str | None:
+    from fusebench.measure import contention
+    try:
+        if not isinstance(fields, dict) or not contention.is_contended(fields):
+            return None
+        return (f"machine busy: other processes {fields['others_frac']:.0%} of "
+                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}")
+    except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
+        return None
+
+
+def ratio_noise(base: Record, cand: Record) -> str | None:
+    """'eager IQR/median 23%' for each noisy side of base vs cand, or None."""
+    parts = [f"{r.spec.variant()} {why}" for r in dict.fromkeys((base, cand))
+             if (why := noise_of(r))]
+    return "; ".join(parts) or None
+
+
+def noisy_speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, str]:
+    """Index of each record whose speedup (see speedups) rests on a noisy side -> why."""
+    index = {id(r): i for i, r in enumerate(records)}
+    out: dict[int, str] = {}
+    for recs in group_cells(records).values():
+        ref = next((r for r in recs if r.spec.variant() == baseline), None)
+        for r in recs if ref is not None else ():
+            why = ratio_noise(ref, r) if speedup(ref, r) is not None else None
+            if why:
+                out[index[id(r)]] = why
+    return out
+
+
 # --- rows --------------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -119,6 +165,7 @@ class Row:
     ratio: stats.Ratio | None = None
     verdict: str = ""             # the sentence, or why there is none
     regression: bool = False
+    noise: str | None = None      # why the ratio cannot be trusted (a noisy side), if so
     group: int = 0                # rows with the same group are compared with each other
 
     def to_dict(self, metric: Metric) -> dict[str, Any]:
@@ -126,7 +173,7 @@ class Row:
              "run": self.run, "status": self.status, "metric": metric.name, "unit": metric.unit,
              "value": None if self.value is None else self.value / metric.scale,
              "baseline": self.baseline, "verdict": self.verdict,
-             "regression": self.regression}
+             "regression": self.regression, "noise": self.noise}
         d.update(self.ratio.to_dict() if self.ratio else
                  {"gain": None, "ci_low": None, "ci_high": None, "significant": None})
         return d
@@ -149,6 +196,7 @@ class Comparison:
     geomean: list[GeoRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     env_summary: str = ""
+    nothing_matched: str | None = None            # several files, no cell in two: why
 
     def regressions(self) -> list[Row]:
         return [r for r in self.rows if r.regression]
@@ -191,9 +239,18 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
         row.verdict = f"no {metric.label}"
         return
     row.verdict = stats.describe(row.ratio, metric.better, metric.worse)
+    if metric.samples(cand):
+        row.noise = ratio_noise(base, cand)
     if fail_pct is not None:
         worse = row.ratio.gain < 1.0 and row.ratio.significant
         row.regression = worse and stats.loss_pct(row.ratio) > fail_pct
+
+
+def _with_ci(row: Row) -> None:
+    """'not significant' -> '1.02x (0.97–1.08) not significant': the ratio and its CI too."""
+    r = row.ratio
+    if r is not None and r.has_ci and row.verdict == "not significant":
+        row.verdict = f"{r.gain:.2f}x ({r.low:.2f}–{r.high:.2f}) not significant"
 
 
 def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -> list[GeoRow]:
@@ -229,6 +286,7 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
                 row.verdict = f"no {base} in this cell"
             else:
                 _judge(metric, row, ref, r, fail_pct)
+                _with_ci(row)   # one file: the reader asked for the ratios themselves
             cmp.rows.append(row)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
     return cmp
@@ -284,6 +342,9 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
             idx[k] = r
         index.append(idx)
     keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
+    if keys and not any(sum(k in idx for idx in index) > 1 for k in keys):
+        cmp.nothing_matched = _no_match(runs)   # one line, not a warning per cell
+        return cmp
     gi = 0
     for k in keys:
         present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
@@ -304,6 +365,17 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         gi += 1
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
+
+
+def _no_match(runs: list[Run]) -> str:
+    """'no cell is in two files: a.json has convnext_tiny train b8 224 (+1 more); ...'"""
+    def cells(run: Run) -> str:
+        names = list(dict.fromkeys(f"{r.spec.subject} {r.spec.config_label()}"
+                                   for r in run.records))
+        more = f" (+{len(names) - 2} more)" if len(names) > 2 else ""
+        return f"{run.label} has {', '.join(names[:2]) or 'no records'}{more}"
+    return ("nothing to compare: no cell (model, config, mode) is in two of the files; "
+            + "; ".join(cells(run) for run in runs))
 
 
 def compare_files(paths: Sequence[str | Path], metric: str = "throughput",

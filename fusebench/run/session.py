@@ -96,7 +96,7 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
         write_repros(writer, path)     # repro scripts for failing cells, next to the document
     records = writer.records()
     if records:
-        console.print(table(records))
+        console.print(table(records), crop=False)   # --wide: may be wider than the terminal
         details(console, records)
     if json_out:
         sys.stdout.write(dumps(writer.doc))
