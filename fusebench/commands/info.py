@@ -14,20 +14,20 @@ from fusebench.commands.listing import console_for_rows
 
 def model_summary(text: str, model_kwargs: dict[str, str] | None = None) -> dict:
     """Build the model once (eval mode) and describe it; FLOPs at the infer size, batch 1."""
-    import torch
-
     from fusebench.measure.flops import count_params, forward_gflops_per_sample
     from fusebench.models.source import coerce_kwargs, resolve_model
 
     src = resolve_model(text)
     kwargs = coerce_kwargs(src.factory, model_kwargs or {})   # timm: factory None, any kwargs
     model = src.build(**kwargs).eval()
-    train = src.input_size("train", model=model)
-    infer = src.input_size("infer", model=model)
-    gflops = forward_gflops_per_sample(model, torch.randn(1, *infer))
+    probe = src.example_inputs(model, "infer", 1)
+    train = infer = probe.describe()    # the model's own example_inputs, e.g. "int64[1, 16]"
+    if probe.image_size is not None:
+        train, infer = (list(src.input_size(b, model=model)) for b in ("train", "infer"))
+    gflops = forward_gflops_per_sample(model, *probe.args)
     return {"name": src.name, "kind": src.kind, "family": src.family,
             "description": src.description, "params": count_params(model),
-            "train_input_size": list(train), "infer_input_size": list(infer),
+            "train_input_size": train, "infer_input_size": infer,
             "gflops_per_sample": round(gflops, 4), "model_kwargs": model_kwargs or {}}
 
 
@@ -47,7 +47,8 @@ def info(
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    fmt = lambda size: "x".join(str(v) for v in size)  # noqa: E731
+    fmt = lambda size: (size if isinstance(size, str)  # noqa: E731  (example_inputs models)
+                        else "x".join(str(v) for v in size))
     for key, value in (("model", s["name"]), ("family", s["family"] or s["kind"]),
                        ("description", s["description"]), ("parameters", f"{s['params']:,}"),
                        ("train input", fmt(s["train_input_size"])),
