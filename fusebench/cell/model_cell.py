@@ -4,7 +4,13 @@ correctness -> warm-up -> timed steps -> memory -> steady-state correctness -> e
 Memory (measure/memory.py): the baseline is taken after the model, its inputs, the optimizer and
 the eager reference copy exist; `peak_mem_bytes` is the peak of the timed steps alone and
 `extra["peak_mem_first_call_bytes"]` the peak of the first (compiling) call. The float64
-correctness reference runs between the two windows, so it is in neither."""
+correctness reference runs between the two windows, so it is in neither.
+
+extra written here: first_call_s, input_shape ([C, H, W], or one shape per arg), inputs (dtype
+and shape of each arg, models with their own example_inputs), tflops,
+peak_mem_first_call_bytes, peak_mem_total_bytes, contention (measure/contention.py fields over
+the timed steps; gpu_other_processes on CUDA), correctness_reference (per check: reference
+dtype, tol_out, tol_grad) and GPU telemetry. The worker adds `threads`."""
 from __future__ import annotations
 
 import contextlib

@@ -6,7 +6,10 @@ plain eager in the same dtype makes) — the shape of dynamo's accuracy checker 
 fp64 reference), with a wider multiplier because our error is a max, not an RMS: reduction
 order legitimately differs between modes, a wrong gradient does not hide inside 10x eager's
 own rounding error. Where eager itself is far from float64
-(pure bf16 through many BatchNorms), the check is flagged as weak rather than passed quietly."""
+(pure bf16 through many BatchNorms), the check is flagged as weak rather than passed quietly.
+Where no float64 copy fits, the reference is eager in the run dtype and the same rule holds:
+eager's own error is measured against float64 on a sub-batch (`eager_err`, see
+cell/model_check.py); each Check says which reference and tolerances it used."""
 from __future__ import annotations
 
 import math
