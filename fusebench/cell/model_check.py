@@ -83,7 +83,10 @@ class ReferenceRunner:
         return corr.check_step(at, got, eager, eager, self.tol, self.spec.dtype, err, note)
 
     def _eager(self, args: tuple, loss: Loss) -> corr.StepResult:
-        return eager_step(self.model, args, loss, self.train, self.autocast)
+        try:
+            return eager_step(self.model, args, loss, self.train, self.autocast)
+        finally:   # the caller clones what it keeps: no reference grads live through timing
+            self.model.zero_grad(set_to_none=True)
 
     def _float64(self, args: tuple, loss: Loss) -> corr.StepResult:
         m64 = copy.deepcopy(self.model).double()
