@@ -38,13 +38,11 @@ def run(spec_dict: dict) -> dict:
     from fusebench.spec import CellSpec, ErrorInfo, Record
 
     spec = CellSpec.from_dict(spec_dict)
+    threads = set_threads(spec.threads)
     try:
-        if spec.threads:
-            import torch
-            torch.set_num_threads(spec.threads)
         load_plugins()
         module = importlib.import_module(CELL_RUNNERS[spec.kind])
-        return module.run_cell(spec, phase).to_dict()
+        rec = module.run_cell(spec, phase).to_dict()
     except BaseException as e:  # every failure in the cell becomes its record
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -52,7 +50,24 @@ def run(spec_dict: dict) -> dict:
         status = "oom" if _is_oom(e) else "error"
         first = (str(e).strip().splitlines() or [""])[0][:500]
         kind = "UsageError" if isinstance(e, UsageError) else type(e).__name__
-        return Record(spec, status, error=ErrorInfo(kind, first)).to_dict()
+        rec = Record(spec, status, error=ErrorInfo(kind, first)).to_dict()
+    rec.setdefault("extra", {})["threads"] = threads
+    return rec
+
+
+# environment variables that set the thread pools when --threads does not
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def set_threads(requested: int | None) -> dict:
+    """torch.set_num_threads(requested) when given; returns what this worker really runs with
+    (intra-op and inter-op threads, and the env that set them without --threads)."""
+    import torch
+    if requested:
+        torch.set_num_threads(requested)
+    return {"requested": requested, "intra_op": torch.get_num_threads(),
+            "inter_op": torch.get_num_interop_threads(),
+            "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
 
 
 def _exit_with_parent() -> None:

@@ -6,7 +6,10 @@ plain eager in the same dtype makes) — the shape of dynamo's accuracy checker 
 fp64 reference), with a wider multiplier because our error is a max, not an RMS: reduction
 order legitimately differs between modes, a wrong gradient does not hide inside 10x eager's
 own rounding error. Where eager itself is far from float64
-(pure bf16 through many BatchNorms), the check is flagged as weak rather than passed quietly."""
+(pure bf16 through many BatchNorms), the check is flagged as weak rather than passed quietly.
+Where no float64 copy fits, the reference is eager in the run dtype and the same rule holds:
+eager's own error is measured against float64 on a sub-batch (`eager_err`, see
+cell/model_check.py); each Check says which reference and tolerances it used."""
 from __future__ import annotations
 
 import math
@@ -70,21 +73,33 @@ class Check:
     tol: float
     detail: str
     weak: bool = False   # eager itself was far from float64: small mode errors are invisible
+    reference: str = "float64"     # dtype of the eager reference compared with
+    tol_out: float | None = None
+    tol_grad: float | None = None
+
+
+def eager_error(eager: StepResult, ref64: StepResult, tol: Tolerance) -> tuple[float, float]:
+    """(output, worst gradient) error of eager in the run dtype against float64 eager."""
+    names = sorted(ref64.grads) if ref64.grads is not None else []
+    return (rel_err(eager.out, ref64.out),
+            max(grad_errs(eager.grads, ref64.grads, names, tol.floor).values(), default=0.0))
 
 
 def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, tol: Tolerance,
-               ref_dtype: str) -> Check:
+               ref_dtype: str, eager_err: tuple[float, float] | None = None,
+               ref_note: str = "") -> Check:
     """ref64: eager in float64 (or in the run dtype when float64 does not fit);
-    eager: eager in the run dtype, whose own error sets the slack."""
+    eager: eager in the run dtype, whose own error sets the slack. `eager_err` overrides that
+    error (a float32 reference: eager's error measured against float64 on a sub-batch)."""
     names = sorted(ref64.grads) if ref64.grads is not None else []
     missing = [n for n in names if got.grads is None or got.grads.get(n) is None]
     e_out = rel_err(got.out, ref64.out)
     errs = grad_errs(got.grads, ref64.grads, names, tol.floor) if names and not missing else {}
     e_grad = max(errs.values()) if errs else None
-    if ref_dtype == "float64":
-        slack_out = rel_err(eager.out, ref64.out)
-        slack_grad = max(grad_errs(eager.grads, ref64.grads, names, tol.floor).values(),
-                         default=0.0)
+    if eager_err is not None:
+        slack_out, slack_grad = eager_err
+    elif ref_dtype == "float64":
+        slack_out, slack_grad = eager_error(eager, ref64, tol)
     else:
         slack_out = slack_grad = 0.0
     tol_out = max(tol.base, SLACK * slack_out)
@@ -98,11 +113,13 @@ def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, t
         worst = max(errs, key=errs.get)
         problems.append(f"grad rel err {e_grad:.3g} > tol {tol_grad:.3g} (worst: {worst})")
     detail = f"{at}: " + ("; ".join(problems) if problems else f"ok vs {ref_dtype} eager")
+    detail += f" {ref_note}" if ref_note else ""
     weak = max(slack_out, slack_grad) > WEAK
     if weak:
         detail += (f" (weak check: eager in this dtype is itself {max(slack_out, slack_grad):.2g}"
                    f" from float64)")
-    return Check(at, not problems, e_out, e_grad, max(tol_out, tol_grad), detail, weak)
+    return Check(at, not problems, e_out, e_grad, max(tol_out, tol_grad), detail, weak,
+                 ref_dtype, tol_out, tol_grad)
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -40,22 +40,39 @@ def _reset_hwm() -> bool:
         return False
 
 
+def _trim_heap() -> None:
+    """Give freed malloc memory back to the OS (glibc), so that what the harness freed before
+    a window (a float64 reference, clones) does not stay in the RSS the window starts from."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to trim
+        pass
+
+
 class PeakMemory:
-    """Call reset() after the model is built, peak() after the timed steps: bytes above the
-    post-build baseline (weights and framework libraries are not counted)."""
+    """Call reset() after the model is built, peak() after a measured window: bytes above the
+    post-build baseline (weights and framework libraries are not counted). reset_peak() starts
+    a new window on the same baseline (the timed steps after the first call and the check)."""
 
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)
         self.baseline = 0
 
     def reset(self) -> None:
+        self.reset_peak()
+        if self.device.type == "cuda":
+            self.baseline = torch.cuda.memory_allocated(self.device)
+        else:
+            self.baseline = rss_bytes() or 0
+
+    def reset_peak(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline = torch.cuda.memory_allocated(self.device)
         else:
+            _trim_heap()
             _reset_hwm()
-            self.baseline = rss_bytes() or 0
 
     def peak(self) -> int | None:
         if self.device.type == "cuda":

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from fusebench.errors import UsageError, unknown_name
+from fusebench.models import inputs as model_inputs
 
 DEFAULT_INPUT_SIZE = (3, 224, 224)   # for user/timm models that do not say
 ZOO_MIN_SIZE = 32                    # zoo models downsample by 32
@@ -74,6 +76,25 @@ class ModelSource:
             return size
         self.validate_img_size(img_size)
         return (size[0], img_size, img_size)
+
+    def example_inputs(self, model: nn.Module, bench: str, batch_size: int,
+                       img_size: int | None = None, device="cpu", dtype=torch.float32,
+                       generator: torch.Generator | None = None,
+                       memory_format=torch.contiguous_format) -> model_inputs.ModelInputs:
+        """The positional args of one call: the model's own `example_inputs(batch_size, device,
+        dtype)` where it has one (see models/inputs.py), else a float image batch of
+        `input_size`. The image batch is drawn from `generator` (seed 0 when None)."""
+        device = torch.device(device)
+        hook = model_inputs.find_hook(model, self.factory)
+        if hook is None:
+            size = self.input_size(bench, img_size, model=model)
+            gen = generator if generator is not None else torch.Generator().manual_seed(0)
+            return model_inputs.image_batch(size, batch_size, device, dtype, gen, memory_format)
+        if img_size is not None:
+            raise UsageError(f"--img-size does not apply to '{self.name}': it provides "
+                             f"{model_inputs.HOOK}()")
+        got = model_inputs.from_hook(self.name, hook, batch_size, device, dtype)
+        return model_inputs.with_memory_format(got, memory_format)
 
     def _default_size(self, bench: str, model: nn.Module | None) -> tuple[int, int, int]:
         if self.kind == "file":

@@ -1,9 +1,15 @@
 """aot: functorch.compile.aot_module — AOTAutograd traces forward and backward into FX graphs,
 partitions them, and hands each to a compiler (nop: run the FX graph as is; ts: TorchScript).
 
-Parameters stay owned by the model: aot_module passes them in as graph inputs, so gradients land
-on model.parameters() and an optimizer built on the model keeps working."""
+Parameters stay owned by the model: they are passed in as graph inputs, so gradients land on
+model.parameters() and an optimizer built on the model keeps working. Tied parameters (a GPT's
+lm_head.weight is wte.weight) are passed once, under their first name, and
+torch.func.functional_call (tie_weights=True) puts the same tensor back under every alias, as
+aot_module_simplified does; functorch's aot_module passes every alias and fails ("functional_call
+got multiple values for keys [...], which are tied")."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -18,6 +24,22 @@ PARTITIONERS = {"default": "default_partition", "min_cut": "min_cut_rematerializ
 def _functorch_compile():
     import functorch.compile as fc
     return fc
+
+
+def aot_module(fc, model: torch.nn.Module, **aot_kwargs):
+    """functorch's aot_module with every parameter and buffer passed once (tied ones too)."""
+    params = dict(model.named_parameters())     # remove_duplicate=True: one name per tensor
+    buffers = dict(model.named_buffers())
+
+    def call(params, buffers, *args, **kwargs):
+        return torch.func.functional_call(model, {**params, **buffers}, args, kwargs,
+                                          tie_weights=True)
+    compiled = fc.aot_function(call, num_params_buffers=len(params) + len(buffers),
+                               **aot_kwargs)
+
+    def run(*args, **kwargs):
+        return compiled(params, buffers, *args, **kwargs)
+    return run
 
 
 @register_mode
@@ -47,7 +69,7 @@ class AOT(Mode):
             fc = _functorch_compile()
         except Exception as e:
             return False, f"functorch.compile does not import: {type(e).__name__}: {e}"
-        needed = ("aot_module", COMPILERS[o["aot_compiler"]], PARTITIONERS[o["aot_partitioner"]])
+        needed = ("aot_function", COMPILERS[o["aot_compiler"]], PARTITIONERS[o["aot_partitioner"]])
         for attr in needed:
             if not hasattr(fc, attr):
                 return False, f"functorch.compile has no {attr} in this torch build"
@@ -67,13 +89,13 @@ class AOT(Mode):
             return compile_one
 
         def build():
-            return fc.aot_module(model, fw_compiler=counted("fw"), bw_compiler=counted("bw"),
-                                 partition_fn=partition)
+            return aot_module(fc, model, fw_compiler=counted("fw"), bw_compiler=counted("bw"),
+                              partition_fn=partition)
 
         # aot_module compiles once, on its first call, for the autograd state of that call: a
         # graph compiled with grad cannot run under inference_mode, and one compiled without
         # grad would silently return outputs that do not require grad. One module per state.
-        per_state: dict[bool, torch.nn.Module] = {}
+        per_state: dict[bool, Callable] = {}
 
         def run(*args, **kwargs):
             key = torch.is_grad_enabled()

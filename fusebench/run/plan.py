@@ -90,7 +90,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
                 warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
                     kwargs.items())), mode_options=options[mode], timeout=req.timeout,
-                check=req.check, dist=dist))
+                check=req.check, dist=dist, threads=req.threads))
     return specs
 
 

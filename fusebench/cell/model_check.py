@@ -1,0 +1,118 @@
+"""Correctness of a model cell: eager reference copies and what the record says about them.
+
+The mode's step is compared with eager on the same weights and inputs. Where a float64 copy fits,
+the reference is float64 eager and the tolerance SLACK x eager's own error against it. Where it
+does not, the reference is eager in the run dtype, and eager's own error is still measured
+against float64, on the largest sub-batch whose float64 copy fits: the same "k x eager's error"
+rule, never a bare tolerance. `extra["correctness_reference"]` says which was used."""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import psutil
+import torch
+import torch.nn as nn
+
+from fusebench.cell.model_step import Loss, eager_step
+from fusebench.measure import correctness as corr
+from fusebench.measure.events import EventLog
+from fusebench.models.inputs import ModelInputs
+from fusebench.spec import CellSpec, Correctness
+
+
+def _float64_room(device: torch.device) -> float:
+    """Bytes a float64 copy may use: most of what is free now."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return 0.8 * free
+    return 0.6 * psutil.virtual_memory().available
+
+
+def float64_batch(device: torch.device, working_set: int | None, batch: int) -> int:
+    """The largest batch (batch, batch/2, ..., 2) whose float64 run fits (~2x the run's working
+    set, which scales with the batch); 0 when none does."""
+    room, need = _float64_room(device), 2 * (working_set or 0)
+    n = batch
+    while n >= 2 or n == batch:
+        if need * n / batch < room:
+            return n
+        n //= 2
+    return 0
+
+
+def _sub_args(args: tuple, batch: int, n: int) -> tuple:
+    return tuple(a[:n] if torch.is_tensor(a) and a.dim() and a.shape[0] == batch else a
+                 for a in args)
+
+
+def _clone(r: corr.StepResult) -> corr.StepResult:
+    grads = None if r.grads is None else {k: (v.clone() if v is not None else None)
+                                          for k, v in r.grads.items()}
+    return corr.StepResult(r.out.clone(), grads)
+
+
+class ReferenceRunner:
+    """Eager copies of the model for correctness: float64 where it fits, and the run dtype."""
+
+    def __init__(self, model: nn.Module, spec: CellSpec, autocast, inputs: ModelInputs,
+                 loss: Loss):
+        self.model = copy.deepcopy(model)
+        self.init_state = copy.deepcopy(model.state_dict())
+        self.spec, self.autocast, self.inputs, self.loss = spec, autocast, inputs, loss
+        self.train = spec.model.bench == "train"
+        self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
+
+    def check(self, at: str, got: corr.StepResult, state: dict,
+              working_set: int | None) -> corr.Check:
+        batch = self.spec.model.batch_size
+        n = float64_batch(torch.device(self.spec.device), working_set, batch)
+        self.model.load_state_dict(state)
+        eager = _clone(self._eager(self.inputs.args, self.loss))
+        if n == batch:
+            ref = self._float64(self.inputs.reference(), self.loss)
+            return corr.check_step(at, got, ref, eager, self.tol, "float64")
+        err, note = None, "(no float64 copy fits: bare tolerance)"
+        if n:
+            self.model.load_state_dict(state)
+            args, loss = _sub_args(self.inputs.args, batch, n), self.loss.sub(n)
+            sub_eager = _clone(self._eager(args, loss))
+            sub_ref = self._float64(ModelInputs(args).reference(), loss)
+            err = corr.eager_error(sub_eager, sub_ref, self.tol)
+            note = f"(eager's own error from float64 on a sub-batch of {n})"
+        return corr.check_step(at, got, eager, eager, self.tol, self.spec.dtype, err, note)
+
+    def _eager(self, args: tuple, loss: Loss) -> corr.StepResult:
+        try:
+            return eager_step(self.model, args, loss, self.train, self.autocast)
+        finally:   # the caller clones what it keeps: no reference grads live through timing
+            self.model.zero_grad(set_to_none=True)
+
+    def _float64(self, args: tuple, loss: Loss) -> corr.StepResult:
+        m64 = copy.deepcopy(self.model).double()
+        try:
+            return eager_step(m64, args, loss, self.train, contextlib.nullcontext)
+        finally:
+            del m64
+
+
+def record_correctness(checks: list[corr.Check], events: EventLog,
+                       extra: dict) -> tuple[Correctness | None, str]:
+    """(Correctness, status) of the checks; the reference and tolerances go to `extra`."""
+    if not checks:
+        return None, "ok"
+    passed = all(c.passed for c in checks)
+    if any(c.weak for c in checks):
+        events.add("weak_check", "fusebench", "correctness check is weak in this dtype: "
+                   "eager itself is far from the float64 reference")
+    extra["correctness_reference"] = [
+        {"at": c.at, "reference": c.reference, "tol_out": c.tol_out, "tol_grad": c.tol_grad}
+        for c in checks]
+    correctness = Correctness(
+        passed=passed,
+        max_rel_err_out=corr.finite_or_none(max(c.err_out for c in checks)),
+        max_rel_err_grad=corr.finite_or_none(max((c.err_grad for c in checks
+                                                  if c.err_grad is not None), default=None)),
+        checked_at=tuple(c.at for c in checks),
+        detail="; ".join(c.detail for c in checks))
+    return correctness, ("ok" if passed else "mismatch")

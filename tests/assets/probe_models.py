@@ -1,0 +1,43 @@
+"""Probe models for measurement tests: they report what the worker really gave them."""
+import os
+
+import torch
+import torch.nn as nn
+
+
+class ThreadsProbe(nn.Module):
+    """Writes torch.get_num_threads() seen inside forward to $FUSEBENCH_TEST_THREADS_FILE."""
+    input_size = (3, 8, 8)
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        with open(os.environ["FUSEBENCH_TEST_THREADS_FILE"], "a") as f:
+            f.write(f"{torch.get_num_threads()}\n")
+        return self.fc(x.mean((2, 3)))
+
+
+def threads_probe():
+    return ThreadsProbe()
+
+
+class WideMLP(nn.Module):
+    """A step whose working set (tens of MB at batch 64) dwarfs RSS noise, for peak-memory
+    tests: a big activation per layer, few parameters."""
+    input_size = (64, 16, 16)
+
+    def __init__(self, width: int = 1024):
+        super().__init__()
+        self.up = nn.Linear(256, width)
+        self.act = nn.GELU()
+        self.down = nn.Linear(width, 10)
+
+    def forward(self, x):                           # (B, 64, 16, 16)
+        h = self.act(self.up(x.flatten(2)))         # (B, 64, width)
+        return self.down(h).mean(1)                 # (B, 10)
+
+
+def wide_mlp():
+    return WideMLP()

@@ -1,0 +1,129 @@
+"""What a model cell measures besides time (issue 13): the threads the worker really used,
+other processes' CPU use around the timed steps, peak memory windows, and the correctness
+reference when float64 does not fit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fusebench.cell import model_cell, model_check
+from fusebench.cell.model_cell import run_cell
+from fusebench.cli import app
+from fusebench.spec import CellSpec
+from tests.helpers import ASSETS, TINY, with_fault_modes
+
+PROBE = f"{ASSETS / 'probe_models.py'}:threads_probe"
+
+
+def _run(model=TINY, mode="eager", **kw):
+    spec = CellSpec.for_model(model, mode, **{**dict(batch_size=4, warmup=1, steps=3,
+                                                      threads=1), **kw})
+    return run_cell(spec, lambda phase: None)
+
+
+# ----- threads (issue 13 part 1) --------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_reach_the_worker_and_the_record(monkeypatch, tmp_path, threads):
+    probe = tmp_path / "threads.txt"
+    monkeypatch.setenv("FUSEBENCH_TEST_THREADS_FILE", str(probe))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")     # what --threads must override
+    res = CliRunner().invoke(app, ["run", PROBE, "-m", "eager", "-b", "2", "--steps", "2",
+                                   "--warmup", "1", "--threads", str(threads), "--json",
+                                   "--no-save", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)["records"][0]
+    seen = {int(line) for line in probe.read_text().split()}
+    assert seen == {threads}                       # what the model saw in every call
+    assert rec["spec"]["threads"] == threads
+    used = rec["extra"]["threads"]
+    assert used["requested"] == threads and used["intra_op"] == threads
+    assert used["env"] == {"OMP_NUM_THREADS": "3"} and used["inter_op"] >= 1
+
+
+# ----- contention (issue 13 part 5) -----------------------------------------------------------
+
+def test_contention_fields_are_recorded():
+    rec = _run()
+    c = rec.extra["contention"]
+    import torch
+    assert c["window_s"] > 0 and c["worker_cores"] == min(torch.get_num_threads(),
+                                                          c["cpu_count"])
+    assert {"others_frac", "steal_frac", "load1", "others_cpu_s"} <= set(c)
+
+
+def test_contended_window_adds_an_event(monkeypatch):
+    busy = {"window_s": 1.0, "worker_cores": 1, "cpu_count": 2, "others_cpu_s": 0.5,
+            "others_frac": 0.5, "steal_frac": 0.0, "load1": 3.0}
+
+    class Busy(model_cell.CpuWindow):
+        def result(self, threads):
+            return dict(busy)
+    monkeypatch.setattr(model_cell, "CpuWindow", Busy)
+    rec = _run()
+    events = [e for e in rec.events if e.kind == "contention"]
+    assert len(events) == 1 and events[0].source == "fusebench"
+    assert "other processes used 50%" in events[0].message
+    assert rec.extra["contention"]["others_frac"] == 0.5
+
+
+# ----- peak memory windows (issue 13 part 2) ---------------------------------------------------
+
+def test_first_call_peak_is_its_own_field_and_check_is_outside_the_window(monkeypatch):
+    rec = _run(mode="aot")
+    assert rec.extra["peak_mem_first_call_bytes"] is not None
+    assert rec.peak_mem_bytes is not None
+    # the float64 reference runs between the windows: poison it with a big allocation and the
+    # timed peak must not see it
+    big = []
+    real = model_check.ReferenceRunner._float64
+
+    def hog(self, args, loss):
+        import torch
+        big.append(torch.ones(64 << 20, dtype=torch.uint8))   # 64 MiB, touched
+        try:
+            return real(self, args, loss)
+        finally:
+            big.clear()
+    monkeypatch.setattr(model_check.ReferenceRunner, "_float64", hog)
+    hogged = _run(mode="aot")
+    assert hogged.status == "ok"
+    assert hogged.peak_mem_bytes < (32 << 20), hogged.peak_mem_bytes
+
+
+# ----- float32 reference when float64 does not fit (issue 13 last item) ------------------------
+
+def test_float32_reference_uses_eagers_own_error_on_a_float64_sub_batch(monkeypatch):
+    monkeypatch.setattr(model_check, "float64_batch", lambda device, ws, batch: batch // 2)
+    rec = _run(mode="aot")
+    assert rec.status == "ok", rec.correctness
+    refs = rec.extra["correctness_reference"]
+    assert [r["reference"] for r in refs] == ["float32", "float32"]
+    assert all(r["tol_grad"] is not None for r in refs)
+    assert "sub-batch of 2" in rec.correctness.detail
+
+
+def test_float32_reference_still_catches_a_wrong_gradient(monkeypatch):
+    with_fault_modes(monkeypatch)
+    monkeypatch.setattr(model_check, "float64_batch", lambda device, ws, batch: batch // 2)
+    rec = _run(mode="test_corrupt_after_2")
+    assert rec.status == "mismatch"
+    assert "grad rel err" in rec.correctness.detail
+
+
+def test_no_float64_room_at_all_says_bare_tolerance(monkeypatch):
+    monkeypatch.setattr(model_check, "float64_batch", lambda device, ws, batch: 0)
+    rec = _run(mode="aot")
+    assert "bare tolerance" in rec.correctness.detail
+    assert rec.extra["correctness_reference"][0]["tol_out"] == 1e-4
+
+
+def test_float64_batch_halves_until_it_fits(monkeypatch):
+    import torch
+    monkeypatch.setattr(model_check, "_float64_room", lambda device: 1000.0)
+    cpu = torch.device("cpu")
+    assert model_check.float64_batch(cpu, 100, 8) == 8          # 200 < 1000
+    assert model_check.float64_batch(cpu, 1000, 8) == 2         # 2000 * 2/8 = 500
+    assert model_check.float64_batch(cpu, 10_000, 8) == 0
