@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fusebench.render.escape import cell as csv_cell, markup, rich_text
 from fusebench.results.compare import Comparison, Row
 
 
@@ -94,7 +95,7 @@ def render_table(cmp: Comparison, console: Console) -> None:
     one_config = _one_config(cmp)
     if one_config:
         title += f" · {one_config}"
-    t = Table(title=title, caption=caption, show_lines=False)
+    t = Table(title=markup(title), caption=caption and markup(caption), show_lines=False)
     heads = _headers(cmp)
     value_col = heads.index(f"{cmp.metric.label} ({cmp.metric.unit})")
     drop = heads.index("config") if one_config else None
@@ -109,20 +110,20 @@ def render_table(cmp: Comparison, console: Console) -> None:
                      min_width=len(cmp.metric.unit) + 2 if i == value_col else None)
     marks = _best_worst(cmp)
     for i, r in enumerate(cmp.rows):
-        cells: list[Any] = _cells(cmp, r)
+        cells: list[Any] = [rich_text(c) for c in _cells(cmp, r)]
         mark = marks.get(i)
         if mark:
-            cells[value_col] = Text(cells[value_col], style="bold green" if mark == "best"
+            cells[value_col] = Text(cells[value_col].plain, style="bold green" if mark == "best"
                                     else "bold red")
-        cells[-1] = Text(cells[-1], style=_verdict_style(r))
+        cells[-1].stylize(_verdict_style(r))
         last_of_group = i + 1 < len(cmp.rows) and cmp.rows[i + 1].group != r.group
         t.add_row(*[c for j, c in enumerate(cells) if j != drop], end_section=last_of_group)
     if cmp.geomean:
         t.add_section()
         for g in cmp.geomean:
             style = "dim" if not g.ratio.significant else ("green" if g.ratio.gain > 1 else "red")
-            cells = _geo_cells(cmp, g)
-            cells[-1] = Text(cells[-1], style=style)
+            cells = [rich_text(c) for c in _geo_cells(cmp, g)]
+            cells[-1].stylize(style)
             t.add_row(*[c for j, c in enumerate(cells) if j != drop], style="italic")
     console.print(t)
 
@@ -132,7 +133,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     def cell(v: Any) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return ""
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return str(csv_cell(str(v))).replace("|", "\\|").replace("\n", " ")
     lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
              "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
@@ -166,7 +167,7 @@ def render_csv(cmp: Comparison) -> str:
     if rows:
         w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue()
 
 

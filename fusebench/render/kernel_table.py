@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from fusebench.render.escape import markup
 from fusebench.render.run_table import STATUS_STYLE, short_model
 from fusebench.spec import Record
 
@@ -23,7 +24,8 @@ def kernel_table(records: list[Record], title: str = "fusebench kernel") -> Tabl
         k, x, st, corr = r.spec.kernel, r.extra, r.step_ms, r.correctness
         err = x.get("max_err")
         t.add_row(
-            _impl(r), r.spec.mode, "x".join(str(d) for d in k.shape), k.direction,
+            markup(_impl(r)), markup(r.spec.mode), "x".join(str(d) for d in k.shape),
+            markup(k.direction),
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{st.median:.3f} ± {st.iqr:.3f}" if st else "-",
             f"{x['gbps']:.2f}" if x.get("gbps") else "-",

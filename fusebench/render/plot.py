@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from fusebench.results import compare as C  # noqa: E402
 from fusebench.results.env import env_differences, env_summary  # noqa: E402
 from fusebench.errors import UsageError  # noqa: E402
+from fusebench.render.escape import PLOT_TEXT_RC, printable  # noqa: E402
 from fusebench.render.run_table import short_model  # noqa: E402
 from fusebench.spec import Record  # noqa: E402
 
@@ -46,7 +47,8 @@ def _footnote(fig, runs: Sequence[C.Run]) -> None:
     text = env_summary(runs[0].env)
     if len(runs) > 1 and any(env_differences(runs[0].env, r.env) for r in runs[1:]):
         text += "  (runs differ in environment: see fusebench compare)"
-    fig.text(0.01, 0.01, text, fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, printable(text), fontsize=7, color="0.35", ha="left", va="bottom",
+             wrap=True)
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
@@ -64,9 +66,9 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
             hi = np.array([err[name].get(g, (np.nan, np.nan))[1] for g in groups], dtype=float)
             yerr = np.vstack([np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)])
             yerr = np.nan_to_num(yerr)
-        ax.bar(pos, np.nan_to_num(ys), width, label=name, yerr=yerr, capsize=3 if yerr is not None
-               else 0, error_kw={"elinewidth": 1})
-    ax.set_xticks(x, groups, fontsize=8)
+        ax.bar(pos, np.nan_to_num(ys), width, label=printable(name), yerr=yerr,
+               capsize=3 if yerr is not None else 0, error_kw={"elinewidth": 1})
+    ax.set_xticks(x, [printable(g) for g in groups], fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     if len(names) > 1:
@@ -103,7 +105,7 @@ def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
     if not groups:
         raise UsageError("nothing to plot: no mode with a successful baseline to compare to")
     _grouped_bars(ax, groups, series, err)
-    ax.axhline(1.0, color="black", lw=1, ls="--", label=f"{baseline} (1.0)")
+    ax.axhline(1.0, color="black", lw=1, ls="--", label=printable(f"{baseline} (1.0)"))
     ax.legend(fontsize=8)
     ax.set_ylabel(f"speedup over {baseline} (x, higher is better)")
     ax.set_xlabel("model")
@@ -240,7 +242,7 @@ def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
         pts.sort(key=lambda p: p.x)
         xs, ys, lo, hi = (np.array([getattr(p, f) for p in pts], dtype=float)
                           for f in ("x", "y", "lo", "hi"))
-        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=name)
+        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=printable(name))
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
     if max(len({p.x for p in pts}) for pts in lines.values()) > 2:
         xs_all = sorted({p.x for pts in lines.values() for p in pts})
@@ -277,7 +279,7 @@ def make_figure(runs: Sequence[C.Run], kind: str):
     fig, ax = plt.subplots(figsize=(9, 5.2))
     try:
         title = PLOTS[kind](ax, runs)
-        ax.set_title(title, fontsize=11)
+        ax.set_title(printable(title), fontsize=11)
         n_groups = len(ax.get_xticks())
         if kind != "sweep" and n_groups > 4:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
@@ -317,4 +319,6 @@ def plot_files(paths: Sequence[str | Path], kind: str, out: str | Path) -> Path:
     out = check_output(out)   # before loading anything: bad input fails fast
     paths = list(paths)
     runs = [C.load_run(p, lab) for p, lab in zip(paths, C.labels_for(paths))]
-    return save_figure(make_figure(runs, kind), out)
+    with matplotlib.rc_context(PLOT_TEXT_RC):   # record text is never mathtext
+        fig = make_figure(runs, kind)
+    return save_figure(fig, out)

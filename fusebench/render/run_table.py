@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rich.console import Console
-from rich.markup import escape
+from fusebench.render.escape import markup as escape
 from rich.table import Table
 
 from fusebench.spec import Record
@@ -61,7 +61,8 @@ def run_table(records: list[Record], title: str = "fusebench run") -> Table:
     for i, r in enumerate(records):
         st, m = r.step_ms, r.spec.model
         t.add_row(
-            short_model(r.spec.subject), r.spec.mode, m.bench if m else "-",
+            escape(short_model(r.spec.subject)), escape(r.spec.mode),
+            escape(m.bench) if m else "-",
             str(m.batch_size) if m else "-", str(m.img_size or "-") if m else "-",
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{r.throughput:,.1f}" if r.throughput else "-",

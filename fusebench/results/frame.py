@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from fusebench.render.escape import cell as safe_cell
 from fusebench.results.document import load
 from fusebench.spec import CellSpec
 
@@ -111,10 +112,10 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 
 def _cell_text(v: Any) -> Any:
-    """Lists/dicts as JSON so CSV cells stay one value each."""
+    """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
     if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v, default=str)
-    return v
+        return safe_cell(json.dumps(v, default=str))
+    return safe_cell(v)
 
 
 def to_csv(df: pd.DataFrame) -> str:
