@@ -17,7 +17,7 @@ from typing import Any
 from fusebench.results import stats
 from fusebench.results.env import env_differences
 from fusebench.errors import UsageError
-from fusebench.results.document import load
+from fusebench.results.document import load_records
 from fusebench.spec import Record
 
 
@@ -252,9 +252,8 @@ def _name(r: Record) -> str:
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    doc = load(path)        # validated: every record parses
-    return Run(label or Path(path).name, doc.get("env") or {},
-               [Record.from_dict(r) for r in doc["records"]])
+    doc, records = load_records(path)   # type-checked, every record parsed once
+    return Run(label or Path(path).name, doc.get("env") or {}, records)
 
 
 def labels_for(paths: Sequence[str | Path]) -> list[str]:

@@ -11,6 +11,7 @@ Unknown keys are ignored here (the dataclass constructors decide about them, as 
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
@@ -31,28 +32,30 @@ Shape = Annotated[list[Positive], Field(min_length=1, max_length=8)]
 Status = Literal[STATUSES]  # type: ignore[valid-type]
 
 
-def _depth_ok(v: Any) -> Any:
-    """Iterative depth check of a JSON value (no recursion: it must not overflow either)."""
-    stack = [(x, 1) for x in v.values() if isinstance(x, (dict, list))]
+def plain_json(v: Any) -> Any:
+    """A JSON object no deeper than MAX_DEPTH whose numbers are finite (json.loads reads 1e400
+    as inf). Iterative: the check itself must not overflow on deep input."""
+    stack = [(v, 0)]
     while stack:
         x, d = stack.pop()
         if d > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-        if isinstance(x, dict):
-            stack.extend((y, d + 1) for y in x.values() if isinstance(y, (dict, list)))
-        elif isinstance(x, list):
-            stack.extend((y, d + 1) for y in x if isinstance(y, (dict, list)))
+        for y in (x.values() if isinstance(x, dict) else x):
+            if isinstance(y, (dict, list)):
+                stack.append((y, d + 1))
+            elif type(y) is float and not math.isfinite(y):
+                raise ValueError(f"number {y} is out of range")
     return v
 
 
 def _non_negative(xs: list[float]) -> list[float]:
     # one min() instead of a constraint per sample: 100,000 records x 40 samples add up
-    if xs and not min(xs) >= 0:
+    if xs and not (min(xs) >= 0 and max(xs) < math.inf):
         raise ValueError("samples must be finite and >= 0")
     return xs
 
 
-JsonObject = Annotated[dict[str, Any], AfterValidator(_depth_ok)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(plain_json)]
 Samples = Annotated[list[float], AfterValidator(_non_negative)]
 # TypedDicts, not models: pydantic only checks, it builds nothing (twice as fast on big files)
 _STRICT = ConfigDict(strict=True)
