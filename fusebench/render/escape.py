@@ -13,6 +13,7 @@ renderer passes record text through the helper for its destination:
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -44,15 +45,22 @@ def markup(s: Any) -> str:
 PLOT_TEXT_RC = {"text.parse_math": False}
 
 
+@functools.lru_cache(maxsize=4096)
+def _text_cell(v: str) -> str:
+    v = printable(v)
+    if v.startswith(FORMULA_START) and not _is_number(v):
+        return "'" + v
+    return v
+
+
 def cell(v: Any) -> Any:
     """A CSV / markdown cell: text made printable, and a formula-like start quoted with `'`
     so a spreadsheet shows it instead of running it. Numbers and None pass unchanged."""
     if not isinstance(v, str):
         return v
-    v = printable(v)
-    if v.startswith(FORMULA_START) and not _is_number(v):
-        return "'" + v
-    return v
+    if len(v) > 200:            # long, unique texts (JSON of samples): not worth caching
+        return _text_cell.__wrapped__(v)
+    return _text_cell(v)        # names, modes, env values repeat on every row
 
 
 def _is_number(s: str) -> bool:
