@@ -154,15 +154,21 @@ class Comparison:
         return [r for r in self.rows if r.regression]
 
 
-def _ratio(metric: Metric, base: Record, cand: Record) -> stats.Ratio | None:
-    bs, cs = metric.samples(base), metric.samples(cand)
-    if bs and cs:
-        # samples are times: the gain is a speedup whichever way the metric reads
-        return stats.speedup_ci(bs, cs)
-    bv, cv = metric.value(base), metric.value(cand)
-    if bv is None or cv is None or bv <= 0 or cv <= 0:
-        return None
-    return stats.gain_from_values(bv, cv, metric.higher_is_better)
+def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ratio | None]:
+    """The ratio of each (base, cand); the bootstrap CIs of a whole table in one batch."""
+    out: list[stats.Ratio | None] = [None] * len(pairs)
+    boot = []
+    for i, (base, cand) in enumerate(pairs):
+        bs, cs = metric.samples(base), metric.samples(cand)
+        if bs and cs:   # samples are times: the gain is a speedup whichever way the metric reads
+            boot.append((i, bs, cs))
+            continue
+        bv, cv = metric.value(base), metric.value(cand)
+        if bv is not None and cv is not None and bv > 0 and cv > 0:
+            out[i] = stats.gain_from_values(bv, cv, metric.higher_is_better)
+    for (i, _, _), r in zip(boot, stats.speedup_cis([(b, c) for _, b, c in boot])):
+        out[i] = r
+    return out
 
 
 def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
@@ -174,8 +180,9 @@ def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
 
 
 def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float | None,
-           failure_regresses: bool = False) -> None:
-    """Fill row.ratio/verdict/regression for candidate vs baseline."""
+           failure_regresses: bool = False) -> bool:
+    """Fill row.verdict/regression for a failed side; True: both ran, the ratio is pending
+    (_judge_ratios fills it, for the whole table at once)."""
     if base.status != "ok":
         row.verdict = f"baseline {base.status}"
         return
@@ -185,15 +192,22 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
         # regression of all ("unavailable" is the machine, not the code)
         row.regression = (fail_pct is not None and failure_regresses
                           and cand.status != "unavailable")
-        return
-    row.ratio = _ratio(metric, base, cand)
-    if row.ratio is None:
-        row.verdict = f"no {metric.label}"
-        return
-    row.verdict = stats.describe(row.ratio, metric.better, metric.worse)
-    if fail_pct is not None:
-        worse = row.ratio.gain < 1.0 and row.ratio.significant
-        row.regression = worse and stats.loss_pct(row.ratio) > fail_pct
+        return False
+    return True
+
+
+def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
+                  fail_pct: float | None) -> None:
+    """Fill row.ratio/verdict/regression for every (row, base, cand) whose sides both ran."""
+    for (row, _, _), ratio in zip(pending, _ratios(metric, [(b, c) for _, b, c in pending])):
+        row.ratio = ratio
+        if ratio is None:
+            row.verdict = f"no {metric.label}"
+            continue
+        row.verdict = stats.describe(ratio, metric.better, metric.worse)
+        if fail_pct is not None:
+            worse = ratio.gain < 1.0 and ratio.significant
+            row.regression = worse and stats.loss_pct(ratio) > fail_pct
 
 
 def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -> list[GeoRow]:
@@ -218,6 +232,7 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
         from fusebench.errors import unknown_name
         raise unknown_name("baseline mode", [baseline], names)
     cmp = Comparison(metric, "modes", base)
+    pending = []
     for gi, recs in enumerate(groups.values()):
         ref = next((r for r in recs if r.spec.variant() == base), None)
         # baseline first, then the others in file order
@@ -227,9 +242,10 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"no {base} in this cell"
-            else:
-                _judge(metric, row, ref, r, fail_pct)
+            elif _judge(metric, row, ref, r, fail_pct):
+                pending.append((row, ref, r))
             cmp.rows.append(row)
+    _judge_ratios(metric, pending, fail_pct)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
     return cmp
 
@@ -284,6 +300,7 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         index.append(idx)
     keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
     gi = 0
+    pending = []
     for k in keys:
         present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
         if len(present) < 2:
@@ -297,10 +314,11 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"not in {base.label}"
-            else:
-                _judge(metric, row, ref, r, fail_pct, failure_regresses=True)
+            elif _judge(metric, row, ref, r, fail_pct, failure_regresses=True):
+                pending.append((row, ref, r))
             cmp.rows.append(row)
         gi += 1
+    _judge_ratios(metric, pending, fail_pct)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
 
