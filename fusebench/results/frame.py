@@ -118,6 +118,8 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 def _cell_text(v: Any) -> Any:
     """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
+    if v is None or type(v) in (int, float, bool):      # the common case, first
+        return v
     if isinstance(v, (list, tuple, dict)):
         return safe_cell(json.dumps(v, default=str))
     return safe_cell(v)
@@ -127,7 +129,8 @@ def to_csv(df: pd.DataFrame) -> str:
     # only non-numeric columns hold text, lists or dicts: numeric columns pass untouched
     out = df.copy(deep=False)
     for col in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
-        out[col] = pd.Series([_cell_text(v) for v in out[col]], index=out.index, dtype=object)
+        values = out[col].to_numpy(dtype=object)     # iterating a Series is slow
+        out[col] = pd.Series([_cell_text(v) for v in values], index=out.index, dtype=object)
     return out.to_csv(index=False)
 
 
