@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.results.schema import check_record, check_records, plain_json
 from fusebench.spec import (CellSpec, DistPart, ErrorInfo, KernelPart, Record,
                             measured_from_dict, spec_from_v1)
 
@@ -175,6 +174,7 @@ def read_record(version: int, d: Any, where: str, i: int) -> Record:
     try:        # what the schema cannot see (a spec with both parts, ...) fails here, once
         rec = READERS[version](d)
         if version != SCHEMA_VERSION:   # the v1 reader's output (its `cell`) is checked too
+            from fusebench.results.schema import check_record
             problem = check_record(SCHEMA_VERSION, rec.to_dict())
             if problem:
                 raise UsageError(f"{where}: record {i}: field {problem[0]}: {problem[1]}")
@@ -198,6 +198,7 @@ def check_document(doc: Any, where: str = "results") -> int:
         raise UsageError(f"{where}: 'records' is missing or not a list")
     if not isinstance(doc.get("env", {}), dict):
         raise UsageError(f"{where}: 'env' is not an object")
+    from fusebench.results.schema import check_records, plain_json   # pydantic: on first load
     try:
         plain_json(doc.get("env") or {})
     except ValueError as e:
@@ -272,6 +273,7 @@ def record_from_worker(path: Path, spec: CellSpec) -> Record:
     """The record a worker wrote for `spec`; one that does not parse or validate becomes an
     `error` record for the cell (the run goes on), never an exception in the runner."""
     try:
+        from fusebench.results.schema import check_record
         d = parse_json(Path(path).read_text(), str(path))
         problem = check_record(SCHEMA_VERSION, d)
         if problem:
