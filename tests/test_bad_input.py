@@ -7,6 +7,7 @@ through a real `python -m fusebench` subprocess.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -353,6 +354,134 @@ def test_bad_results_files(capsys, tmp_path, files, case, command):
     TRIED.add((command, kind, repr(data)[:80]))
     # the input is never touched
     assert (src.read_bytes() if src.exists() else None) == before
+
+
+# fields of the wrong type or range, in both layouts: (dotted path, value) set on record 0
+WRONG_V2 = [("spec.model.batch_size", [8]), ("spec.model.batch_size", "8"),
+            ("spec.model.batch_size", 0), ("spec.model.batch_size", True),
+            ("spec.model.name", 5), ("spec.model.name", ""), ("spec.mode", None),
+            ("spec.model.img_size", -224), ("spec.channels_last", "yes"),
+            ("spec.timeout", -1), ("spec.steps", 2.5), ("spec.model.kwargs", [1]),
+            ("step_ms.samples", ["1.0", "2.0"]), ("step_ms.samples", [1.0, -3.0]),
+            ("step_ms.median", -1.0), ("step_ms.n", "40"), ("step_ms", [1, 2]),
+            ("throughput", "fast"), ("params", 1.5), ("peak_mem_bytes", -5),
+            ("events", [{"kind": 1, "source": "x", "message": "m"}]),
+            ("events", [{"kind": "w"}]), ("correctness.passed", "no"),
+            ("error", {"type": ["X"], "message": "m"}), ("extra", [1, 2]),
+            ("status", 3), ("spec.kernel", {"family": "ln2d"})]
+WRONG_V1 = [("batch_size", [8]), ("model", 7), ("img_size", "224"), ("step_ms.median", -2.0),
+            ("step_ms.samples", ["x"]), ("nproc", "two"), ("shape", [8, "a"]),
+            ("compile_s", -0.5), ("cell", {"model": 5, "mode": "eager"})]
+
+
+def _good_v2() -> dict:
+    from tests.factories import document, model_record
+    return json.loads(json.dumps(document([model_record(seed=1)])))
+
+
+def _set(doc: dict, path: str, value, index: int = 0) -> dict:
+    cur = doc["records"][index]
+    *parents, last = path.split(".")
+    for k in parents:
+        cur = cur[k]
+    cur[last] = value
+    return doc
+
+
+@settings(FAST, max_examples=40)
+@given(case=st.one_of(st.tuples(st.just(2), st.sampled_from(WRONG_V2)),
+                      st.tuples(st.just(1), st.sampled_from(WRONG_V1))),
+       command=st.sampled_from(["compare", "export", "plot"]), index=st.integers(0, 3))
+def test_wrongly_typed_record_fields(capsys, tmp_path, files, case, command, index):
+    version, (path, value) = case
+    doc = _good_v2() if version == 2 else json.loads(files["good_text"])
+    doc["records"] = [copy.deepcopy(doc["records"][0]) for _ in range(index + 1)]
+    _set(doc, path, value, index)       # the good records before it must not hide it
+    src = tmp_path / f"typed-{version}.json"
+    src.write_text(json.dumps(doc))
+    target = tmp_path / ("fig.png" if command == "plot" else "table.csv")
+    argv = [command, src] + (["-o", target] if command != "compare" else [])
+    line = refused(capsys, argv, tmp=tmp_path, must_not_exist=(target,))
+    assert str(src) in line and f"record {index}" in line, line
+    top = path.split(".")[0] if version == 2 or path != "cell" else "spec"
+    assert top in line, line
+    TRIED.add((command, "typed", str(version), path, repr(value), str(index)))
+
+
+NUMBER_CASES = ["NaN", "Infinity", "-Infinity", "1e400", "-1e999", "1" + "0" * 400 + ".0"]
+
+
+@settings(FAST, max_examples=24)
+@given(number=st.sampled_from(NUMBER_CASES),
+       where=st.sampled_from(["step_ms.median", "throughput", "extra.gbps", "env"]),
+       command=st.sampled_from(["compare", "export", "plot"]))
+def test_non_finite_numbers(capsys, tmp_path, number, where, command):
+    doc = _good_v2()
+    if where == "env":
+        doc["env"]["x"] = 0.5
+    elif where == "extra.gbps":
+        doc["records"][0]["extra"]["gbps"] = 0.5
+    else:
+        _set(doc, where, 0.5)
+    text = json.dumps(doc).replace("0.5", number, 1)
+    src = tmp_path / "nonfinite.json"
+    src.write_text(text)
+    target = tmp_path / ("fig.png" if command == "plot" else "table.csv")
+    argv = [command, src] + (["-o", target] if command != "compare" else [])
+    refused(capsys, argv, tmp=tmp_path, must_not_exist=(target,))
+    TRIED.add((command, "number", number, where))
+
+
+@settings(FAST, max_examples=12)
+@given(depth=st.sampled_from([40, 900, 5000, 200_000]), kind=st.sampled_from(["[", "{"]),
+       command=st.sampled_from(["compare", "export", "plot"]))
+def test_deeply_nested_json(capsys, tmp_path, depth, kind, command):
+    opener, closer = ("[", "]") if kind == "[" else ('{"a":', "}")
+    doc = _good_v2()
+    doc["records"][0]["extra"]["deep"] = "@@"
+    text = json.dumps(doc).replace('"@@"', opener * depth + "1" + closer * depth)
+    src = tmp_path / "deep.json"
+    src.write_text(text)
+    target = tmp_path / ("fig.png" if command == "plot" else "table.csv")
+    argv = [command, src] + (["-o", target] if command != "compare" else [])
+    refused(capsys, argv, tmp=tmp_path, must_not_exist=(target,))
+    TRIED.add((command, "deep", kind, str(depth)))
+
+
+@settings(FAST, max_examples=16)
+@given(where=st.sampled_from(["folder", "input", "input_via_link", "under_a_file", "proc",
+                              "readonly_folder"]),
+       command=st.sampled_from(["export", "plot"]))
+def test_bad_output_paths(capsys, tmp_path, where, command):
+    from tests.factories import model_record, write_results
+    src = write_results(tmp_path / "in.json", [model_record(seed=1)])
+    before = src.read_bytes()
+    ext = ".png" if command == "plot" else ".csv"
+    ro = tmp_path / "ro"
+    ro.mkdir(exist_ok=True)
+    if where == "readonly_folder":
+        if os.geteuid() == 0:   # root writes anywhere: a read-only mount is the same case
+            return
+        ro.chmod(0o500)
+    link = tmp_path / f"link{ext}"
+    if where == "input_via_link" and not link.exists():
+        link.symlink_to(src)
+    target = {"folder": tmp_path, "input": src, "input_via_link": link,
+              "under_a_file": src / f"sub{ext}", "proc": Path(f"/proc/fusebench{ext}"),
+              "readonly_folder": ro / f"out{ext}"}[where]
+    if command == "plot" and where in ("input", "input_via_link"):
+        # an image name that is the input: make the input file carry the image extension
+        src = src.rename(tmp_path / "in.png") if src.exists() else src
+        target = src if where == "input" else link
+        if where == "input_via_link":
+            link.unlink()
+            link.symlink_to(src)
+        before = src.read_bytes()
+    refused(capsys, [command, src, "-o", target], tmp=tmp_path)
+    assert src.read_bytes() == before
+    assert not list(tmp_path.glob(".*probe*")) and not list(tmp_path.glob("*.tmp"))
+    TRIED.add((command, "output", where))
+    ro.chmod(0o700)
 
 
 class _Planted:

@@ -25,8 +25,10 @@ def export(
 ) -> None:
     """Export records (one row each, env columns prefixed env.) as CSV or a markdown table."""
     from fusebench.results.frame import load_results
-    from fusebench.results.document import write_atomic
+    from fusebench.results.document import check_output_file, write_atomic
 
+    if output is not None:      # before loading anything: a bad -o fails fast
+        check_output_file(output, files)
     text = EXPORTERS[fmt.value](load_results(files))
     if output is None:
         sys.stdout.write(text)

@@ -26,8 +26,18 @@ def plot(
     """Plot speedup (with CIs), throughput, memory or a sweep; headless, env in a footnote."""
     from fusebench.render.plot import plot_files
 
+    _check_output(output, files)
     out = plot_files(files, kind.value, output)
     print(f"wrote {out}", file=sys.stderr)
+
+
+def _check_output(output: Path, files: list[Path]) -> None:
+    """-o: a supported image type, not a folder, writable, not one of the inputs."""
+    from fusebench.render.plot import check_output
+    from fusebench.results.document import check_output_file
+
+    check_output(output)
+    check_output_file(output, files)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from fusebench.render.escape import cell as csv_cell, markup as escape
 from rich.text import Text
 
 from fusebench.render.fit import Column, FitTable
@@ -189,7 +189,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     def cell(v: Any) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return ""
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return str(csv_cell(str(v))).replace("|", "\\|").replace("\n", " ")
     lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
              "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
@@ -223,7 +223,7 @@ def render_csv(cmp: Comparison) -> str:
     if rows:
         w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue()
 
 

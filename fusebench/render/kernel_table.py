@@ -1,7 +1,7 @@
 """Rich table for kernel results: one row per impl x mode x shape x direction."""
 from __future__ import annotations
 
-from rich.markup import escape
+from fusebench.render.escape import markup as escape
 
 from fusebench.render.fit import Column, FitTable
 from fusebench.render.names import display_name, shared_title

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from fusebench.results import compare as C  # noqa: E402
 from fusebench.results.env import env_differences, env_summary  # noqa: E402
 from fusebench.errors import UsageError  # noqa: E402
+from fusebench.render.escape import PLOT_TEXT_RC, printable  # noqa: E402
 from fusebench.render.names import display_name  # noqa: E402
 from fusebench.spec import Record  # noqa: E402
 
@@ -46,7 +47,8 @@ def _footnote(fig, runs: Sequence[C.Run]) -> None:
     text = env_summary(runs[0].env)
     if len(runs) > 1 and any(env_differences(runs[0].env, r.env) for r in runs[1:]):
         text += "  (runs differ in environment: see fusebench compare)"
-    fig.text(0.01, 0.01, text, fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, printable(text), fontsize=7, color="0.35", ha="left", va="bottom",
+             wrap=True)
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
@@ -66,11 +68,11 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, dict[str, float]],
             hi = np.array([err[name].get(g, (np.nan, np.nan))[1] for g in groups], dtype=float)
             yerr = np.vstack([np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)])
             yerr = np.nan_to_num(yerr)
-        kw = styles.bar(name) if styles else {"label": name}
+        kw = styles.bar(name) if styles else {"label": printable(name)}
         have = np.isfinite(ys)     # a mode missing from a cell: no bar, no whisker at 0
         ax.bar(pos[have], ys[have], width, yerr=None if yerr is None else yerr[:, have],
                capsize=3 if yerr is not None else 0, error_kw={"elinewidth": 1}, **kw)
-    ax.set_xticks(x, groups, fontsize=8)
+    ax.set_xticks(x, [printable(g) for g in groups], fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     if styles:
@@ -100,9 +102,9 @@ class SeriesStyles:
 
     def handles(self) -> list:
         from matplotlib.patches import Patch
-        out = [Patch(facecolor=c, edgecolor="0.2", label=m) for m, c in self.colour.items()]
+        out = [Patch(facecolor=c, edgecolor="0.2", label=printable(m)) for m, c in self.colour.items()]
         if len(self.hatch) > 1:
-            out += [Patch(facecolor="white", edgecolor="0.2", hatch=h, label=f)
+            out += [Patch(facecolor="white", edgecolor="0.2", hatch=h, label=printable(f))
                     for f, h in self.hatch.items()]
         return out
 
@@ -283,7 +285,7 @@ def plot_sweep(ax, runs: Sequence[C.Run]) -> str:
         pts.sort(key=lambda p: p.x)
         xs, ys, lo, hi = (np.array([getattr(p, f) for p in pts], dtype=float)
                           for f in ("x", "y", "lo", "hi"))
-        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=name)
+        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=printable(name))
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
     if max(len({p.x for p in pts}) for pts in lines.values()) > 2:
         xs_all = sorted({p.x for pts in lines.values() for p in pts})
@@ -330,7 +332,7 @@ def make_figure(runs: Sequence[C.Run], kind: str):
     try:
         title = PLOTS[kind](ax, runs)
         shared = _shared_config(runs)
-        ax.set_title(f"{title}\n{shared}" if shared else title, fontsize=11)
+        ax.set_title(printable(f"{title}\n{shared}" if shared else title), fontsize=11)
         n_groups = len(ax.get_xticks())
         if kind != "sweep" and n_groups > 4:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
@@ -370,4 +372,6 @@ def plot_files(paths: Sequence[str | Path], kind: str, out: str | Path) -> Path:
     out = check_output(out)   # before loading anything: bad input fails fast
     paths = list(paths)
     runs = [C.load_run(p, lab) for p, lab in zip(paths, C.labels_for(paths))]
-    return save_figure(make_figure(runs, kind), out)
+    with matplotlib.rc_context(PLOT_TEXT_RC):   # record text is never mathtext
+        fig = make_figure(runs, kind)
+    return save_figure(fig, out)

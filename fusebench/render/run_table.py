@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rich.console import Console
-from rich.markup import escape
+from fusebench.render.escape import markup as escape
 
 from fusebench.render.fit import Column, FitTable
 from fusebench.render.names import display_name, shared_title

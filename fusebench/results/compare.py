@@ -17,7 +17,7 @@ from typing import Any
 from fusebench.results import stats
 from fusebench.results.env import env_differences
 from fusebench.errors import UsageError
-from fusebench.results.document import load
+from fusebench.results.document import load_records
 from fusebench.spec import Record
 
 
@@ -202,15 +202,21 @@ class Comparison:
         return [r for r in self.rows if r.regression]
 
 
-def _ratio(metric: Metric, base: Record, cand: Record) -> stats.Ratio | None:
-    bs, cs = metric.samples(base), metric.samples(cand)
-    if bs and cs:
-        # samples are times: the gain is a speedup whichever way the metric reads
-        return stats.speedup_ci(bs, cs)
-    bv, cv = metric.value(base), metric.value(cand)
-    if bv is None or cv is None or bv <= 0 or cv <= 0:
-        return None
-    return stats.gain_from_values(bv, cv, metric.higher_is_better)
+def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ratio | None]:
+    """The ratio of each (base, cand); the bootstrap CIs of a whole table in one batch."""
+    out: list[stats.Ratio | None] = [None] * len(pairs)
+    boot = []
+    for i, (base, cand) in enumerate(pairs):
+        bs, cs = metric.samples(base), metric.samples(cand)
+        if bs and cs:   # samples are times: the gain is a speedup whichever way the metric reads
+            boot.append((i, bs, cs))
+            continue
+        bv, cv = metric.value(base), metric.value(cand)
+        if bv is not None and cv is not None and bv > 0 and cv > 0:
+            out[i] = stats.gain_from_values(bv, cv, metric.higher_is_better)
+    for (i, _, _), r in zip(boot, stats.speedup_cis([(b, c) for _, b, c in boot])):
+        out[i] = r
+    return out
 
 
 def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
@@ -222,8 +228,9 @@ def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
 
 
 def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float | None,
-           failure_regresses: bool = False) -> None:
-    """Fill row.ratio/verdict/regression for candidate vs baseline."""
+           failure_regresses: bool = False) -> bool:
+    """Fill row.verdict/regression for a failed side; True: both ran, the ratio is pending
+    (_judge_ratios fills it, for the whole table at once)."""
     if base.status != "ok":
         row.verdict = f"baseline {base.status}"
         return
@@ -233,17 +240,25 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
         # regression of all ("unavailable" is the machine, not the code)
         row.regression = (fail_pct is not None and failure_regresses
                           and cand.status != "unavailable")
-        return
-    row.ratio = _ratio(metric, base, cand)
-    if row.ratio is None:
-        row.verdict = f"no {metric.label}"
-        return
-    row.verdict = stats.describe(row.ratio, metric.better, metric.worse)
-    if metric.samples(cand):
-        row.noise = ratio_noise(base, cand)
-    if fail_pct is not None:
-        worse = row.ratio.gain < 1.0 and row.ratio.significant
-        row.regression = worse and stats.loss_pct(row.ratio) > fail_pct
+        return False
+    return True
+
+
+def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
+                  fail_pct: float | None) -> None:
+    """Fill row.ratio/verdict/regression for every (row, base, cand) whose sides both ran."""
+    for (row, base, cand), ratio in zip(pending,
+                                        _ratios(metric, [(b, c) for _, b, c in pending])):
+        row.ratio = ratio
+        if ratio is None:
+            row.verdict = f"no {metric.label}"
+            continue
+        row.verdict = stats.describe(ratio, metric.better, metric.worse)
+        if metric.samples(cand):
+            row.noise = ratio_noise(base, cand)
+        if fail_pct is not None:
+            worse = ratio.gain < 1.0 and ratio.significant
+            row.regression = worse and stats.loss_pct(ratio) > fail_pct
 
 
 def _with_ci(row: Row) -> None:
@@ -275,6 +290,7 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
         from fusebench.errors import unknown_name
         raise unknown_name("baseline mode", [baseline], names)
     cmp = Comparison(metric, "modes", base)
+    pending = []
     for gi, recs in enumerate(groups.values()):
         ref = next((r for r in recs if r.spec.variant() == base), None)
         # baseline first, then the others in file order
@@ -284,10 +300,12 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"no {base} in this cell"
-            else:
-                _judge(metric, row, ref, r, fail_pct)
-                _with_ci(row)   # one file: the reader asked for the ratios themselves
+            elif _judge(metric, row, ref, r, fail_pct):
+                pending.append((row, ref, r))
             cmp.rows.append(row)
+    _judge_ratios(metric, pending, fail_pct)
+    for row in cmp.rows:
+        _with_ci(row)   # one file: the reader asked for the ratios themselves
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
     return cmp
 
@@ -310,9 +328,8 @@ def _name(r: Record) -> str:
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
-    doc = load(path)        # validated: every record parses
-    return Run(label or Path(path).name, doc.get("env") or {},
-               [Record.from_dict(r) for r in doc["records"]])
+    doc, records = load_records(path)   # type-checked, every record parsed once
+    return Run(label or Path(path).name, doc.get("env") or {}, records)
 
 
 def labels_for(paths: Sequence[str | Path]) -> list[str]:
@@ -346,6 +363,7 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         cmp.nothing_matched = _no_match(runs)   # one line, not a warning per cell
         return cmp
     gi = 0
+    pending = []
     for k in keys:
         present = [(run, idx[k]) for run, idx in zip(runs, index) if k in idx]
         if len(present) < 2:
@@ -359,10 +377,11 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"not in {base.label}"
-            else:
-                _judge(metric, row, ref, r, fail_pct, failure_regresses=True)
+            elif _judge(metric, row, ref, r, fail_pct, failure_regresses=True):
+                pending.append((row, ref, r))
             cmp.rows.append(row)
         gi += 1
+    _judge_ratios(metric, pending, fail_pct)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
 

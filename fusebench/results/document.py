@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.spec import (STATUSES, CellSpec, DistPart, KernelPart, Record,
+from fusebench.spec import (CellSpec, DistPart, ErrorInfo, KernelPart, Record,
                             measured_from_dict, spec_from_v1)
 
 SCHEMA_VERSION = 2
@@ -149,50 +150,161 @@ def schema_version(doc: Any, where: str = "results") -> int:
     return version
 
 
+def _lacks(version: int, d: dict[str, Any]) -> list[str]:
+    required = V1_RECORD_KEYS if version == 1 else ("spec", "status")
+    return [k for k in required if k not in d]
+
+
+def _schema_error(where: str, version: int, records: list[Any], i: int, field: str,
+                  msg: str) -> UsageError:
+    d = records[i] if 0 <= i < len(records) else None
+    if not isinstance(d, dict):
+        return UsageError(f"{where}: record {i} is not an object")
+    missing = _lacks(version, d)
+    if missing:
+        return UsageError(f"{where}: record {i} lacks {', '.join(missing)}")
+    return UsageError(f"{where}: record {i}: field {field}: {msg}")
+
+
 def read_record(version: int, d: Any, where: str, i: int) -> Record:
-    """One record dict of a document of `version` -> Record; problems are one UsageError."""
+    """One type-checked record dict of a document of `version` -> Record; problems are one
+    UsageError naming the record and the field."""
     if not isinstance(d, dict):
         raise UsageError(f"{where}: record {i} is not an object")
-    if d.get("status") not in STATUSES and "status" in d:
-        raise UsageError(f"{where}: record {i} has unknown status {d['status']!r}")
-    try:        # nested fields of the wrong shape (events: 5, step_ms: {}) fail here, once
-        return READERS[version](d)
+    try:        # what the schema cannot see (a spec with both parts, ...) fails here, once
+        rec = READERS[version](d)
+        if version != SCHEMA_VERSION:   # the v1 reader's output (its `cell`) is checked too
+            from fusebench.results.schema import check_record
+            problem = check_record(SCHEMA_VERSION, rec.to_dict())
+            if problem:
+                raise UsageError(f"{where}: record {i}: field {problem[0]}: {problem[1]}")
+        return rec
     except KeyError as e:
         msg = str(e.args[0]) if e.args else "missing key"
         raise UsageError(f"{where}: record {i} {msg if msg.startswith('lacks') else 'lacks ' + msg}"
                          ) from None
     except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, UsageError):
+            raise
         raise UsageError(f"{where}: record {i} is malformed ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:120]})") from None
 
 
-def validate(doc: Any, where: str = "results") -> dict[str, Any]:
-    """Check a document of any known version; returns it in the current layout."""
+def check_document(doc: Any, where: str = "results") -> int:
+    """Schema version, layout and the type of every record field; returns the version."""
     version = schema_version(doc, where)
     records = doc.get("records")
     if not isinstance(records, list):
         raise UsageError(f"{where}: 'records' is missing or not a list")
     if not isinstance(doc.get("env", {}), dict):
         raise UsageError(f"{where}: 'env' is not an object")
-    parsed = [read_record(version, r, where, i) for i, r in enumerate(records)]
+    from fusebench.results.schema import check_records, plain_json   # pydantic: on first load
+    try:
+        plain_json(doc.get("env") or {})
+    except ValueError as e:
+        raise UsageError(f"{where}: field env: {e}") from None
+    problem = check_records(version, records)
+    if problem:
+        raise _schema_error(where, version, records, *problem)
+    return version
+
+
+def parse_records(doc: dict[str, Any], version: int, where: str) -> list[Record]:
+    return [read_record(version, r, where, i) for i, r in enumerate(doc["records"])]
+
+
+def validate(doc: Any, where: str = "results") -> dict[str, Any]:
+    """Check a document of any known version; returns it in the current layout."""
+    version = check_document(doc, where)
+    parsed = parse_records(doc, version, where)
     if version == SCHEMA_VERSION:
         return doc
     return {**doc, "schema": SCHEMA, "schema_read": doc["schema"],
             "records": [r.to_dict() for r in parsed]}
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Load and validate one results file; every problem is a UsageError with one clear line."""
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """json.loads that refuses NaN and Infinity and too deep nesting, each as one UsageError
+    line. (Numbers that overflow to inf, 1e400, are refused by the schema: a scan of the text
+    for them costs more than parsing it.)"""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where}: not valid JSON (truncated or corrupt?): {e.msg} at line "
+                         f"{e.lineno}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: not a results document: JSON nested too deeply") from None
+    except ValueError as e:     # the hooks above
+        raise UsageError(f"{where}: not valid results JSON: {e}") from None
+
+
+def _read_text(path: str | Path) -> str:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such results file")
     try:
-        text = p.read_text()
+        return p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read ({e.__class__.__name__})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
-                         f"{e.lineno}") from None
+
+
+def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
+    """Load and validate one results file; every problem is a UsageError with one clear line.
+    parse=False: a current-layout document is only type-checked (its records are not built;
+    the caller reports what its own parsing finds, as frame.py does)."""
+    doc = parse_json(_read_text(path), str(path))
+    if not parse and check_document(doc, str(path)) == SCHEMA_VERSION:
+        return doc
     return validate(doc, str(path))
+
+
+def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
+    """The document (as written, checked) and its records, each parsed once."""
+    doc = parse_json(_read_text(path), str(path))
+    version = check_document(doc, str(path))
+    return doc, parse_records(doc, version, str(path))
+
+
+def record_from_worker(path: Path, spec: CellSpec) -> Record:
+    """The record a worker wrote for `spec`; one that does not parse or validate becomes an
+    `error` record for the cell (the run goes on), never an exception in the runner."""
+    try:
+        from fusebench.results.schema import check_record
+        d = parse_json(Path(path).read_text(), str(path))
+        problem = check_record(SCHEMA_VERSION, d)
+        if problem:
+            raise UsageError(f"field {problem[0]}: {problem[1]}")
+        return read_record(SCHEMA_VERSION, d, str(path), 0)
+    except (UsageError, OSError, UnicodeDecodeError) as e:
+        why = str(e).replace(f"{path}: ", "")
+        return Record(spec, "error", error=ErrorInfo(
+            "MalformedRecord", f"the worker's record was malformed: {why}"[:500]))
+
+
+# --- output files (export -o, plot -o) ---------------------------------------------------------
+def check_output_file(out: str | Path, inputs: Iterable[str | Path] = (),
+                      flag: str = "-o") -> Path:
+    """Refuse an output path that is a folder, cannot be written, or is one of the inputs."""
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"{flag} {out}: is a folder; give a file name")
+    for src in inputs:      # resolve(): a symlink to the input is the input
+        if out.resolve() == Path(src).resolve():
+            raise UsageError(f"{flag} {out}: is the input file {src}; refusing to overwrite it")
+    parent = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {out}: {parent} is not a folder")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"{flag} {out}: not writable")
+    try:    # a probe file: permissions, read-only mounts and /proc all answer here, up front
+        fd, probe = tempfile.mkstemp(prefix=".fusebench-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {out}: cannot write in {parent} "
+                         f"({errno.errorcode.get(e.errno or 0, 'error')}: {e.strerror})") from None
+    return out

@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from fusebench.render.escape import cell as safe_cell
+from fusebench.errors import UsageError
 from fusebench.results.document import load
 from fusebench.spec import CellSpec
 
@@ -96,11 +98,15 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """One row per record of every file; see the module docstring for the columns."""
     rows = []
     for p in _paths(paths):
-        doc = load(p)
+        doc = load(p, parse=False)     # type-checked; specs are parsed once, below
         env = _env_columns(doc.get("env") or {})
         base = {"file": str(p), "created": doc.get("created")}
-        for rec in doc["records"]:
-            rows.append({**base, **_record_row(rec), **env})
+        for i, rec in enumerate(doc["records"]):
+            try:
+                rows.append({**base, **_record_row(rec), **env})
+            except (TypeError, ValueError, KeyError) as e:   # what only the dataclasses check
+                raise UsageError(f"{p}: record {i} is malformed ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:120]})") from None
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -111,14 +117,21 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 
 def _cell_text(v: Any) -> Any:
-    """Lists/dicts as JSON so CSV cells stay one value each."""
+    """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
+    if v is None or type(v) in (int, float, bool):      # the common case, first
+        return v
     if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v, default=str)
-    return v
+        return safe_cell(json.dumps(v, default=str))
+    return safe_cell(v)
 
 
 def to_csv(df: pd.DataFrame) -> str:
-    return df.map(_cell_text).to_csv(index=False)
+    # only non-numeric columns hold text, lists or dicts: numeric columns pass untouched
+    out = df.copy(deep=False)
+    for col in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
+        values = out[col].to_numpy(dtype=object)     # iterating a Series is slow
+        out[col] = pd.Series([_cell_text(v) for v in values], index=out.index, dtype=object)
+    return out.to_csv(index=False)
 
 
 def _fmt(v: Any) -> str:

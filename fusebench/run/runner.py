@@ -19,6 +19,7 @@ from fusebench.run import forkserver
 from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.cell.worker import PHASE_PREFIX
+from fusebench.results.document import record_from_worker
 
 STDERR_TAIL_LINES = 40
 KILL_GRACE_S = 3.0   # SIGTERM first, so a worker can flush; then SIGKILL the whole group
@@ -121,7 +122,7 @@ class _Worker:
             for t in self._threads:
                 t.join(timeout=2.0)
         rec = (distributed.collect(self.spec, self.out_path) if self.dist
-               else Record.from_dict(json.loads(self.out_path.read_text()))
+               else record_from_worker(self.out_path, self.spec)
                if self.out_path.is_file() else None)
         if rec is not None:
             if rec.status != "ok":

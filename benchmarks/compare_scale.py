@@ -1,0 +1,111 @@
+"""Scale of `compare` and `export` on one big results file (issue 14.7).
+
+    python benchmarks/compare_scale.py                 # 100,000 records (targets below)
+    python benchmarks/compare_scale.py --records 20000 --keep /tmp/big.json
+
+Generates a fusebench/2 document of N records (N/2 cells x {eager, compile}, 40 step samples
+each, like a real sweep), then runs each command in a fresh `python -m fusebench` subprocess and
+reports its wall time and peak RSS (the child's own rusage from os.wait4). Targets for 100,000
+records: compare <= 10 s and <= 1 GiB, export <= 5 s.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.factories import document, model_record  # noqa: E402
+
+TARGETS = {"compare": (10.0, 1024.0), "compare-csv": (10.0, 1024.0), "export": (5.0, 1024.0)}
+COMMANDS = {
+    "compare": ["compare", "{file}"],                       # the rich table, to a pipe
+    "compare-csv": ["compare", "{file}", "--format", "csv"],
+    "export": ["export", "{file}", "--format", "csv", "-o", "{out}"],
+}
+
+
+def generate(path: Path, n_records: int, n_samples: int = 40, seed: int = 0) -> Path:
+    """N records: cells differ by model name and batch size; compile ~20% faster than eager."""
+    rng = np.random.default_rng(seed)
+    doc = document([])
+    template = model_record("convnext_tiny", "eager").to_dict()
+    base = rng.uniform(5.0, 200.0, size=n_records // 2 + 1)
+    noise = rng.lognormal(0.0, 0.03, size=(n_records, n_samples))
+    records = []
+    for i in range(n_records):
+        cell, compiled = divmod(i, 2)
+        r = copy.deepcopy(template)
+        r["spec"]["mode"] = "compile" if compiled else "eager"
+        r["spec"]["model"]["name"] = f"model_{cell // 8:05d}"
+        r["spec"]["model"]["batch_size"] = 2 ** (cell % 8)
+        xs = (base[cell] * (0.8 if compiled else 1.0) * noise[i]).round(4)
+        q10, q25, q50, q75, q90 = np.quantile(xs, [0.1, 0.25, 0.5, 0.75, 0.9])
+        r["step_ms"] = {"median": float(q50), "iqr": float(q75 - q25), "p10": float(q10),
+                        "p90": float(q90), "n": n_samples, "samples": xs.tolist()}
+        r["throughput"] = r["spec"]["model"]["batch_size"] * 1000.0 / float(q50)
+        records.append(r)
+    doc["records"] = records
+    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def measure(argv: list[str]) -> tuple[float, float, float, int, str]:
+    """(wall s, CPU s, peak RSS MiB, exit code, stderr tail) of `python -m fusebench argv`.
+    CPU s (user + sys of the child) is what the wall time would be on an idle machine."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "fusebench", *argv], stdout=out,
+                                stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-300:]
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024.0, proc.returncode, tail   # ru_maxrss: KiB
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--keep", type=Path, help="write the generated file here and keep it")
+    ap.add_argument("--only", choices=list(COMMANDS), action="append")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        path = a.keep or Path(d) / "big.json"
+        t0 = time.perf_counter()
+        if not path.exists():
+            generate(path, a.records)
+        print(f"{a.records} records, {path.stat().st_size / 2**20:.0f} MiB "
+              f"(generated in {time.perf_counter() - t0:.1f} s); load {os.getloadavg()[0]:.1f}")
+        print(f"{'command':<12} {'wall s':>8} {'cpu s':>7} {'peak MiB':>9}  target (on cpu s)")
+        ok = True
+        for name in a.only or COMMANDS:
+            argv = [x.format(file=path, out=Path(d) / "out.csv") for x in COMMANDS[name]]
+            wall, cpu, rss, rc, tail = measure(argv)
+            t_max, m_max = TARGETS[name]
+            scale = a.records / 100_000
+            limit = t_max * max(scale, 0.1)
+            # judged on CPU time: wall time on a shared machine measures the neighbours
+            passed = rc == 0 and cpu <= limit and rss <= m_max
+            ok &= passed
+            print(f"{name:<12} {wall:8.1f} {cpu:7.1f} {rss:9.0f}  <= {limit:.0f} s, "
+                  f"<= {m_max:.0f} MiB: {'PASS' if passed else 'FAIL'}"
+                  + (f" (exit {rc}: {tail.strip()})" if rc else ""))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

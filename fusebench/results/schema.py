@@ -1,0 +1,223 @@
+"""The typed schema of a results record: types and ranges of every field, checked on load.
+
+One pydantic (v2, installed with typer) model per record layout: RecordV2 for fusebench/2 and
+RecordV1 for the flat fusebench/1 records (read through the v1 reader afterwards). The models
+only *check*: the Record dataclasses are still built by spec.py / document.py, so the schema
+can never change what a valid file means. Strict types: a batch size of [8] or "8", a model
+name of 5, a sample of "1.0" or a negative median are refused, as are NaN and infinities.
+Unknown keys are ignored here (the dataclass constructors decide about them, as before).
+
+`check_records(version, records)` returns None or (record index, dotted field, message).
+"""
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from typing_extensions import NotRequired, TypedDict
+
+from fusebench.spec import STATUSES
+
+# Nested JSON (extra, model kwargs, mode options) deeper than this is refused: a results file
+# never needs it, and recursive code downstream (flattening, json.dumps) would overflow.
+MAX_DEPTH = 32
+
+Text = Annotated[str, Field(max_length=100_000)]
+Name = Annotated[str, Field(min_length=1, max_length=4096)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=2 ** 63 - 1)]
+Positive = Annotated[int, Field(ge=1, le=2 ** 63 - 1)]
+Shape = Annotated[list[Positive], Field(min_length=1, max_length=8)]
+Status = Literal[STATUSES]  # type: ignore[valid-type]
+
+
+def plain_json(v: Any) -> Any:
+    """A JSON object no deeper than MAX_DEPTH whose numbers are finite (json.loads reads 1e400
+    as inf). Iterative: the check itself must not overflow on deep input."""
+    stack = [(v, 0)]
+    while stack:
+        x, d = stack.pop()
+        if d > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        for y in (x.values() if isinstance(x, dict) else x):
+            if isinstance(y, (dict, list)):
+                stack.append((y, d + 1))
+            elif type(y) is float and not math.isfinite(y):
+                raise ValueError(f"number {y} is out of range")
+    return v
+
+
+def _non_negative(xs: list[float]) -> list[float]:
+    # one min() instead of a constraint per sample: 100,000 records x 40 samples add up
+    if xs and not (min(xs) >= 0 and max(xs) < math.inf):
+        raise ValueError("samples must be finite and >= 0")
+    return xs
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(plain_json)]
+Samples = Annotated[list[float], AfterValidator(_non_negative)]
+# TypedDicts, not models: pydantic only checks, it builds nothing (twice as fast on big files)
+_STRICT = ConfigDict(strict=True)
+
+
+class ModelPartT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    name: Name
+    bench: NotRequired[Name]
+    batch_size: NotRequired[Positive]
+    img_size: NotRequired[Optional[Positive]]
+    kwargs: NotRequired[JsonObject]
+    amp: NotRequired[bool]
+    check: NotRequired[bool]
+
+
+class KernelPartT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    family: Name
+    impl: Name
+    shape: Shape
+    direction: NotRequired[Name]
+
+
+class DistPartT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    kind: Name
+    nproc: Positive
+    nnodes: NotRequired[Positive]
+    node_rank: NotRequired[Count]
+    rdzv_endpoint: NotRequired[Optional[Text]]
+
+
+class SpecT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    mode: Name
+    model: NotRequired[Optional[ModelPartT]]
+    kernel: NotRequired[Optional[KernelPartT]]
+    dist: NotRequired[Optional[DistPartT]]
+    mode_options: NotRequired[Optional[JsonObject]]
+    channels_last: NotRequired[bool]
+    dtype: NotRequired[Name]
+    device: NotRequired[Name]
+    warmup: NotRequired[Count]
+    steps: NotRequired[Count]
+    seed: NotRequired[int]
+    timeout: NotRequired[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    cache_dir: NotRequired[Optional[Text]]
+    threads: NotRequired[Optional[Positive]]
+
+
+class StepStatsT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    median: NonNeg
+    iqr: NonNeg
+    p10: NonNeg
+    p90: NonNeg
+    n: Count
+    samples: NotRequired[Samples]
+
+
+class EventT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    kind: Text
+    source: Text
+    message: Text
+    count: NotRequired[Count]
+
+
+class CorrectnessT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    passed: bool
+    max_rel_err_out: NotRequired[Optional[NonNeg]]
+    max_rel_err_grad: NotRequired[Optional[NonNeg]]
+    checked_at: NotRequired[list[Text]]
+    detail: NotRequired[Optional[Text]]
+
+
+class ErrorT(TypedDict):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    type: Text
+    message: Text
+
+
+class _Measured(TypedDict):
+    """status and the measured fields: the same in every schema version."""
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    status: Status
+    params: NotRequired[Optional[Count]]
+    gflops: NotRequired[Optional[NonNeg]]
+    throughput: NotRequired[Optional[NonNeg]]
+    step_ms: NotRequired[Optional[StepStatsT]]
+    compile_s: NotRequired[Optional[NonNeg]]
+    peak_mem_bytes: NotRequired[Optional[Count]]
+    activation_bytes: NotRequired[Optional[Count]]
+    events: NotRequired[list[EventT]]
+    correctness: NotRequired[Optional[CorrectnessT]]
+    error: NotRequired[Optional[ErrorT]]
+
+
+class RecordV2(_Measured):
+    spec: SpecT
+    extra: NotRequired[Optional[JsonObject]]
+
+
+class RecordV1(_Measured):
+    """A flat fusebench/1 record; identity keys of kernel and distributed records optional."""
+    model: Name
+    mode: Name
+    bench: Name
+    batch_size: Positive
+    img_size: Optional[Positive]
+    channels_last: bool
+    dtype: Name
+    device: Name
+    cell: NotRequired[Optional[JsonObject]]
+    family: NotRequired[Optional[Name]]
+    impl: NotRequired[Optional[Name]]
+    requested_impl: NotRequired[Optional[Name]]
+    shape: NotRequired[Optional[Shape]]
+    direction: NotRequired[Optional[Name]]
+    dist: NotRequired[Optional[Name]]
+    nproc: NotRequired[Optional[Positive]]
+    nnodes: NotRequired[Optional[Positive]]
+    node_rank: NotRequired[Optional[Count]]
+
+
+# one adapter per version, built once: validating the whole list is one call into pydantic-core
+_ADAPTERS = {1: TypeAdapter(list[RecordV1]), 2: TypeAdapter(list[RecordV2])}
+ONE = {1: TypeAdapter(RecordV1), 2: TypeAdapter(RecordV2)}
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def first_problem(e: ValidationError, indexed: bool = True) -> tuple[int, str, str]:
+    """(record index, dotted field, message) of the first error pydantic found."""
+    err = e.errors(include_url=False)[0]
+    loc = list(err["loc"])
+    index = loc.pop(0) if indexed and loc and isinstance(loc[0], int) else -1
+    field = ".".join(str(p) for p in loc) or "(record)"
+    msg = err["msg"][0].lower() + err["msg"][1:]
+    if err["type"] != "missing":
+        msg += f" (got {_short(err.get('input'))})"
+    return index, field, msg
+
+
+def check_records(version: int, records: list[Any]) -> tuple[int, str, str] | None:
+    """None when every record of a `version` document is well typed, else its first problem."""
+    try:
+        _ADAPTERS[version].validate_python(records)
+    except ValidationError as e:
+        return first_problem(e)
+    return None
+
+
+def check_record(version: int, record: Any) -> tuple[str, str] | None:
+    """One record: None, or (dotted field, message)."""
+    try:
+        ONE[version].validate_python(record)
+    except ValidationError as e:
+        return first_problem(e, indexed=False)[1:]
+    return None

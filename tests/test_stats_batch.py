@@ -1,0 +1,31 @@
+"""The batched bootstrap compare uses for whole tables gives speedup_ci's intervals."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusebench.results import stats
+from tests.factories import samples
+
+
+def test_batch_matches_one_at_a_time():
+    pairs = [(samples(100, seed=i, n=40 if i % 3 else 15), samples(80, seed=i + 99,
+                                                                   n=40 if i % 2 else 25))
+             for i in range(40)] + [([5.0] * 10, [5.0] * 10), ([5.0], [4.0])]
+    for one, many in zip([stats.speedup_ci(x, y) for x, y in pairs], stats.speedup_cis(pairs)):
+        assert one.gain == pytest.approx(many.gain)
+        assert one.has_ci == many.has_ci
+        if one.has_ci:
+            assert (one.low, one.high) == pytest.approx((many.low, many.high), rel=1e-9)
+            assert type(many.low) is float and type(many.significant) is bool
+
+
+def test_big_tables_use_fewer_resamples_and_stay_calibrated():
+    n = stats.BIG_TABLE + 1
+    pairs = [(samples(100, seed=i), samples(100, seed=i + 10**6)) for i in range(n)]
+    rs = stats.speedup_cis(pairs)
+    assert len(rs[0].dist) == stats.N_RESAMPLES_BIG
+    covered = np.mean([r.low <= 1.0 <= r.high for r in rs])   # A/A: true gain 1
+    assert covered > 0.9, covered
+    g = stats.geomean_ratio(rs)
+    assert g.low <= 1.0 <= g.high
