@@ -11,15 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "fusebench"
 FAMILIES = ("bias_gelu", "dwconv", "ln2d", "se_gate", "silu")
 SHARED = ("act", "build", "checks", "pages", "problem", "registry", "triton_support")
-# Cycles in parts of the tree other work on issue 12 still restructures (modes/ registration,
-# results <-> render, run <-> cell). A ratchet: a new cycle fails, and once one is gone it must
-# be dropped from here (the test says so).
-KNOWN_MODULE_CYCLES = {
-    frozenset({"", "render.compare_table", "results.compare", "results.env", "results.frame"}),
-}
-KNOWN_PACKAGE_CYCLES = {frozenset({"results", "render"}), frozenset({"run", "cell"}),
-                        frozenset({"results", "modes", "render"}), frozenset({"", "results"}),
-                        frozenset({"", "results", "render"})}
+# A ratchet: no import cycle is known any more, so any cycle fails (never add one here).
+KNOWN_MODULE_CYCLES: set[frozenset[str]] = set()
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:

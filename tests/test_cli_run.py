@@ -157,7 +157,7 @@ def test_option_choices_are_the_registries_keys():
     from fusebench.render.compare_table import TEXT_RENDERERS
     from fusebench.render.plot import PLOTS
     from fusebench.results.compare import METRICS
-    from fusebench.results.frame import EXPORTERS
+    from fusebench.render.export import EXPORTERS
     values = lambda enum: [m.value for m in enum]  # noqa: E731
     assert values(run.Dtype) == list(MODEL_DTYPES) and values(kernel.Dtype) == list(DTYPES)
     assert values(compare.MetricChoice) == list(METRICS)

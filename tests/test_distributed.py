@@ -84,7 +84,7 @@ def _step(model, fn) -> None:
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fusebench.run.distributed import RankRun
+    from fusebench.cell.rank_cell import RankRun
     from fusebench.measure.events import EventLog
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD)
@@ -192,6 +192,8 @@ def test_launch_command_uses_torchrun_on_loopback(tmp_path):
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=2" in cmd and "--node-rank=0" in cmd
     assert any(c.startswith("--rdzv-endpoint=127.0.0.1:") for c in cmd)
+    assert cmd[-4:] == ["-m", "fusebench.cell.rank_cell", str(tmp_path / "s.json"),
+                        str(tmp_path / "r.json")]       # the rank entry lives on the cell side
     multi = launch_command(validate("fsdp2", 4, 2, 1, "10.0.0.1:29500"), tmp_path / "s",
                            tmp_path / "r")
     assert "--nnodes=2" in multi and "--node-rank=1" in multi

@@ -7,7 +7,8 @@ import torch
 
 from fusebench.cli import main
 from fusebench.errors import UsageError
-from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
+from fusebench.cell.kernel_cell import run_cell
+from fusebench.run.kernel_plan import KernelRequest, plan_kernel
 
 SHAPE = "2,5,6,7"
 
@@ -48,7 +49,7 @@ def test_plan_sweep_and_extra():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(impls="permut"), "did you mean permute"),
-    (dict(impls="nope.py:fn"), "no such file"),
+    (dict(impls="nope.py:fn"), "not found"),
     (dict(shapes=("8,96,56",)), "N,C,H,W"),
     (dict(sweep="Q=1,2"), "DIM=v1"),
     (dict(direction="up"), "--direction"),

@@ -11,7 +11,7 @@ import psutil
 import torch
 import torch.nn as nn
 
-from fusebench.run.distributed import RankRun
+from fusebench.cell.rank_cell import RankRun
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import PeakMemory, SavedTensorBytes

@@ -207,7 +207,7 @@ COLLECTORS: dict[str, Callable[[], dict[str, Any]]] = {
 def collect_env(availability: bool = False, device: str = "cpu") -> dict[str, Any]:
     """The env metadata dict embedded in results documents. availability=True adds the modes and
     kernel impls table (slower: imports every mode)."""
-    from fusebench import __version__
+    from fusebench.version import __version__
 
     env: dict[str, Any] = {"fusebench": __version__}
     for name, fn in COLLECTORS.items():

@@ -1,4 +1,4 @@
-"""Results files -> pandas.DataFrame, and export to CSV / markdown.
+"""Results files -> pandas.DataFrame (exported to CSV / markdown by render/export.py).
 
     >>> import fusebench
     >>> df = fusebench.load_results(["results/a.json", "results/b.json"])
@@ -14,7 +14,6 @@ env.cpu.model, ...); "file" says which document a row came from.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pandas as pd
 from fusebench.results.document import load
 from fusebench.spec import CellSpec
 
-# Columns of the compact (markdown) export, in this order, when present.
+# Columns of the compact (markdown) export, in this order, when present (render/export.py).
 SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
                    "batch_size", "img_size", "channels_last", "dtype", "device", "status",
                    "throughput", "step_ms.median", "step_ms.iqr",
@@ -108,36 +107,3 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     cols = [c for c in df.columns if not c.startswith("env.")] + \
            [c for c in df.columns if c.startswith("env.")]
     return df[cols]
-
-
-def _cell_text(v: Any) -> Any:
-    """Lists/dicts as JSON so CSV cells stay one value each."""
-    if isinstance(v, (list, tuple, dict)):
-        return json.dumps(v, default=str)
-    return v
-
-
-def to_csv(df: pd.DataFrame) -> str:
-    return df.map(_cell_text).to_csv(index=False)
-
-
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(_cell_text(v))
-
-
-def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
-    """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
-    from fusebench.render.compare_table import markdown_table
-
-    cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
-    if df.empty or not cols:
-        return markdown_table(cols or ["(no records)"], [])
-    rows = [[_fmt(v) for v in rec] for rec in df[cols].itertuples(index=False, name=None)]
-    return markdown_table(cols, rows)
-
-
-EXPORTERS = {"csv": to_csv, "markdown": to_markdown}

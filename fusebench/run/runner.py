@@ -18,7 +18,7 @@ from fusebench.run import distributed
 from fusebench.run import forkserver
 from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
-from fusebench.cell.worker import PHASE_PREFIX
+from fusebench.protocol import PHASE_PREFIX
 
 STDERR_TAIL_LINES = 40
 KILL_GRACE_S = 3.0   # SIGTERM first, so a worker can flush; then SIGKILL the whole group
