@@ -167,3 +167,10 @@ def test_fuse_is_the_only_bridge_between_models_and_kernels():
     assert {"models", "kernels"} <= _packages_imported_by("fuse")
     library = ("measure", "modes", "fuse")
     assert [p for p in library if {"models", "kernels"} <= _packages_imported_by(p)] == ["fuse"]
+
+
+def test_coordinator_imports_only_the_worker_entry_from_cell():
+    """run/ (the coordinator) starts workers; it imports from cell/ only the entry the fork
+    server runs in its child. What both sides share is in the leaf protocol.py."""
+    assert {d for d in _imports_of_package("run") if _package(d) == "cell"} <= {"cell.worker"}
+    assert not GRAPH["protocol"]

@@ -180,7 +180,7 @@ def test_plan_puts_dist_settings_into_the_spec():
     specs = plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu",
                                 dist="fsdp1", nproc=2))
     d = specs[0].dist
-    assert d.kind == "fsdp1" and d.nproc == 2 and d.world_size == 2
+    assert d.strategy == "fsdp1" and d.nproc == 2 and d.world_size == 2
     with pytest.raises(UsageError):
         plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu", dist="ddp"))
 
@@ -255,3 +255,12 @@ def test_fuser_keeps_parameters_for_wrappers():
     after = {n: p for n, p in model.named_parameters()}
     assert before.keys() == after.keys() and all(before[n] is after[n] for n in before)
     assert copy.deepcopy(model)(x_in()).shape == (2, 8, 8, 8)
+
+
+def test_dist_part_reads_the_old_field_name():
+    """fusebench/2 files written before DistPart.kind became `strategy` stay readable."""
+    from fusebench.spec import DistPart
+    old = DistPart.from_dict({"kind": "fsdp2", "nproc": 2, "nnodes": 1, "node_rank": 0,
+                              "rdzv_endpoint": None})
+    assert old == DistPart("fsdp2", 2) and old.to_dict()["strategy"] == "fsdp2"
+    assert DistPart.from_dict(old.to_dict()) == old

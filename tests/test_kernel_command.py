@@ -139,7 +139,7 @@ def test_cpu_copies_alternate_with_the_steps(monkeypatch):
     """The copy a kernel's % is held to is timed in the same rounds as the kernel's steps."""
     from fusebench.cell import kernel_cell as bench
     calls = []
-    monkeypatch.setattr(bench, "_copy_fns", lambda x: {
+    monkeypatch.setattr(bench, "copy_fns", lambda x: {
         k: (lambda k=k: calls.append(k)) for k in ("plain", "huge", "prealloc")})
     x = torch.ones(4, 4)
     steps, copies = bench.time_with_copies(lambda: calls.append("step"), None, x, 3, "cpu")

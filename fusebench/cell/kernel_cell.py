@@ -201,7 +201,7 @@ def time_step(step, setup, n: int, device: str) -> list[float]:
     return out
 
 
-def _copy_fns(x: torch.Tensor) -> dict[str, Callable[[], object]]:
+def copy_fns(x: torch.Tensor) -> dict[str, Callable[[], object]]:
     """The copies of x the kernels are held to (each a fresh output, as every kernel allocates):
     a plain clone and, on CPU, one whose output asks for huge pages as our C++ kernels' outputs
     do; `prealloc` (copy_ into a kept tensor) shows what fresh memory costs."""
@@ -223,21 +223,21 @@ def _copy_record(x: torch.Tensor, samples: dict[str, list[float]]) -> dict[str, 
 
 
 def copy_gbps(x: torch.Tensor, n: int, device: str) -> dict[str, float | None]:
-    """GB/s of the copies of x, each timed n times in a row (see _copy_fns)."""
+    """GB/s of the copies of x, each timed n times in a row (see copy_fns)."""
     from fusebench.measure.timer import time_steps
-    return _copy_record(x, {k: time_steps(f, n, device) for k, f in _copy_fns(x).items()})
+    return _copy_record(x, {k: time_steps(f, n, device) for k, f in copy_fns(x).items()})
 
 
 def time_with_copies(step, setup, x: torch.Tensor, n: int, device: str):
     """(step samples, copy record). On CPU the kernel's steps and the copies alternate, one call
-    each per round: this VM's speed drifts within a cell (the hinted copy measured 9-17 GB/s
-    from one run to the next), and a copy timed after all the steps put 58% in the ratio where
-    alternating gave 80-86%. On CUDA, timing is stable and steps stay back to back (per-step
-    synchronisation would change what a launch-bound step measures), copies after."""
+    each per round: a CPU VM's speed drifts within a cell, so a copy timed after all the steps
+    is held to a different machine than the steps were (figures: docs/figures.md). On CUDA,
+    timing is stable and steps stay back to back (per-step synchronisation would change what a
+    launch-bound step measures), copies after."""
     from fusebench.measure.timer import time_steps
     if torch.device(device).type != "cpu":
         return time_step(step, setup, n, device), copy_gbps(x, max(n, 5), device)
-    fns = _copy_fns(x)
+    fns = copy_fns(x)
     steps: list[float] = []
     copies: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(max(n, 5)):

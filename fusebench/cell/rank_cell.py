@@ -48,7 +48,7 @@ class RankRun:
 
     def __init__(self, settings: DistPart):
         self.settings = settings
-        self.kind = settings.kind
+        self.strategy = settings.strategy
         self.wrapped = None
         self.inner = None
 
@@ -72,10 +72,10 @@ class RankRun:
             model = rewrite(model, example_inputs, options, events)
         device = next(model.parameters()).device
         self.inner = model
-        if self.kind == "ddp":
+        if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        elif self.kind == "fsdp1":
+        elif self.strategy == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             # device_id: FSDP1 refuses CPU modules unless told the device explicitly
             self.wrapped = FSDP(model, use_orig_params=True,
@@ -84,13 +84,13 @@ class RankRun:
             from torch.distributed.fsdp import fully_shard
             self.wrapped = fully_shard(model)
         events.add("info", "distributed",
-                   f"{self.kind} over {torch.distributed.get_world_size()} ranks "
+                   f"{self.strategy} over {torch.distributed.get_world_size()} ranks "
                    f"({torch.distributed.get_backend()})")
         return self.wrapped
 
     def full_grads(self, model) -> dict:
         """Unsharded parameter gradients by the unwrapped model's parameter names."""
-        if self.kind == "fsdp1":
+        if self.strategy == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             with FSDP.summon_full_params(self.wrapped, with_grads=True):
                 return {n: (p.grad.detach().clone() if p.grad is not None else None)
@@ -100,7 +100,7 @@ class RankRun:
 
     def full_state_dict(self, model) -> dict:
         """Unsharded state dict with the unwrapped model's names (the reference loads it)."""
-        if self.kind == "fsdp1":
+        if self.strategy == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
             from torch.distributed.fsdp import StateDictType
             with FSDP.state_dict_type(self.wrapped, StateDictType.FULL_STATE_DICT):

@@ -39,7 +39,7 @@ def cache_root() -> Path:
     return Path(root)
 
 
-@functools.cache  # once per process: the PATH lookups cost ~0.1 ms and sit on per-call paths
+@functools.cache  # once per process: the PATH lookups sit on per-call paths (docs/figures.md)
 def toolchain_reason() -> str:
     """'' when a C++ compiler and ninja are on PATH, else why not (cheap: no build)."""
     cxx = os.environ.get("CXX", "c++")
@@ -114,8 +114,8 @@ class CppKernel:
         self._module = None
 
     def extension(self):
-        # Kept once loaded: load_extension's checks (two PATH lookups for the toolchain) cost
-        # ~0.1 ms, and every forward and backward of a fused kernel asks for the module.
+        # Kept once loaded: load_extension's checks (two PATH lookups for the toolchain) are not
+        # free, and every forward and backward of a fused kernel asks for the module.
         if self._module is None:
             self._module = load_extension(self.name, [self.source])
         return self._module
@@ -127,7 +127,7 @@ class CppKernel:
         return (False, reason) if reason else (True, "")
 
     def build(self) -> tuple[bool, str]:
-        """Build now (the first build costs ~40-50 s; later ones reuse the disk cache)."""
+        """Build now (the first build is slow, docs/figures.md; later ones reuse the disk cache)."""
         try:
             self.extension()
         except BuildError as e:

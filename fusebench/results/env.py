@@ -160,7 +160,7 @@ def _clock_event_reasons(handle) -> int:
 
 def collect_availability(device: str = "cpu") -> dict[str, Any]:
     """Modes and kernel impls available here, each with its reason; tolerant of either registry
-    not being importable (yet)."""
+    failing to import (a broken plugin must not cost the whole env)."""
     return {"modes": _step(lambda: _modes_availability(device)),
             "kernels": _step(lambda: _kernels_availability(device))}
 

@@ -55,7 +55,7 @@ def _identity(spec: CellSpec) -> dict[str, Any]:
         row.update(impl=k.impl, shape=list(k.shape), direction=k.direction)
     row.update(channels_last=spec.channels_last, dtype=spec.dtype, device=spec.device)
     if d is not None:
-        row.update(dist=d.kind, nproc=d.nproc, nnodes=d.nnodes, node_rank=d.node_rank,
+        row.update(dist=d.strategy, nproc=d.nproc, nnodes=d.nnodes, node_rank=d.node_rank,
                    world_size=d.world_size)
     return row
 

@@ -17,14 +17,14 @@ import sys
 from pathlib import Path
 
 from fusebench.errors import UsageError
-from fusebench.modes.options import DIST_KINDS
+from fusebench.modes.options import DIST_STRATEGIES
 from fusebench.protocol import RANK_MODULE
 from fusebench.spec import CellSpec, Correctness, DistPart, ErrorInfo, Event, Record
 
 LOOPBACK = "127.0.0.1"   # single-node rendezvous never leaves the machine
 NONOK_ORDER = ("crashed", "oom", "timeout", "error", "mismatch", "unavailable")
 
-# The dist part of a CellSpec (kind, nproc, nnodes, node_rank, rdzv_endpoint; world_size).
+# The dist part of a CellSpec (strategy, nproc, nnodes, node_rank, rdzv_endpoint; world_size).
 DistSettings = DistPart
 
 
@@ -35,10 +35,10 @@ def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: in
     if dist is None:
         if nproc not in (None, 1) or multi_node:
             raise UsageError("--nproc/--nnodes/--node-rank/--rdzv-endpoint need --dist "
-                             f"({'|'.join(DIST_KINDS)})")
+                             f"({'|'.join(DIST_STRATEGIES)})")
         return None
-    if dist not in DIST_KINDS:
-        raise UsageError(f"--dist must be one of {', '.join(DIST_KINDS)}, got '{dist}'")
+    if dist not in DIST_STRATEGIES:
+        raise UsageError(f"--dist must be one of {', '.join(DIST_STRATEGIES)}, got '{dist}'")
     if nproc is None or nproc < 1:
         raise UsageError(f"--dist {dist} needs --nproc N (processes per node), N >= 1")
     if nnodes < 1:
@@ -57,20 +57,20 @@ def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: in
     return DistSettings(dist, nproc, nnodes, node_rank, rdzv_endpoint)
 
 
-def supports(mode: str, kind: str) -> tuple[bool, str]:
-    """Whether `mode` runs under wrapper `kind`, as the mode declares (Mode.dist_unsupported).
+def supports(mode: str, strategy: str) -> tuple[bool, str]:
+    """Whether `mode` runs under wrapper `strategy`, as the mode declares (Mode.dist_unsupported).
     Checked once, by the coordinator (precheck), never again in the ranks."""
     from fusebench.modes import MODES, list_modes
     list_modes()                  # loads the built-in modes
     if mode not in MODES:         # a plugin mode not loaded in this process: let it try
         return True, ""
-    return MODES[mode].supports_dist(kind)
+    return MODES[mode].supports_dist(strategy)
 
 
 def precheck(spec: CellSpec) -> Record | None:
     """An `unavailable` record for a mode x wrapper pair known not to work (no launch needed)."""
     d = spec.dist
-    ok, reason = supports(spec.mode, d.kind) if d else (True, "")
+    ok, reason = supports(spec.mode, d.strategy) if d else (True, "")
     if ok:
         return None
     return Record(spec, "unavailable", error=ErrorInfo("Unavailable", reason))

@@ -93,8 +93,8 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     if req.family not in families():
         raise unknown_name("kernel family", [req.family], families())
     from fusebench.kernels import PROBLEMS
-    if req.family not in PROBLEMS:
-        raise UsageError(f"kernel family '{req.family}' has no benchmark definition yet "
+    if req.family not in PROBLEMS:   # a plugin registered impls but no register_problem()
+        raise UsageError(f"kernel family '{req.family}' has no registered problem "
                          f"(benchmarkable: {', '.join(PROBLEMS.names())})")
     problem = PROBLEMS[req.family]
     if req.direction not in DIRECTIONS:
