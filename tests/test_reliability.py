@@ -107,7 +107,8 @@ class CliRun:
 
     def saved(self) -> int:
         docs = list(self.out.glob("*.json")) if self.out.is_dir() else []
-        return len(load(docs[0])["records"]) if docs else 0
+        # the run claims its file (empty, run/output.py) before it writes the first document
+        return len(load(docs[0])["records"]) if docs and docs[0].stat().st_size else 0
 
     def doc(self) -> dict:
         (path,) = self.out.glob("*.json")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from fusebench.errors import describe
+
 # -O3 + -march=native: the inner loops over H*W / C are written for the auto-vectoriser;
 # -fopenmp: at::parallel_for is a header template that only parallelises under OpenMP, and
 # `#pragma omp simd` needs it too (libgomp.so.1 resolves to the one torch already loaded).
@@ -141,5 +143,4 @@ def _short(e: Exception) -> str:
     for line in text.splitlines():
         if "error:" in line:
             return line.strip()[:300]
-    lines = text.strip().splitlines()
-    return f"{e.__class__.__name__}: {lines[0][:300] if lines else ''}"
+    return describe(e, 300)
