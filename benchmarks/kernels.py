@@ -15,7 +15,8 @@ import argparse
 
 import torch
 
-from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
+from fusebench.cell.kernel_cell import run_cell
+from fusebench.run.kernel_plan import KernelRequest, plan_kernel
 
 
 def measure(impls: str, shape: str, device: str, steps: int) -> dict[str, dict]:

@@ -1,5 +1,5 @@
 """fusebench: benchmark and profile PyTorch execution modes honestly."""
-__version__ = "0.1.0"
+from fusebench.version import __version__
 
 
 def load_results(paths):

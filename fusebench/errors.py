@@ -5,6 +5,19 @@ import difflib
 from collections.abc import Iterable
 
 
+def first_line(text: object, limit: int | None = 300) -> str:
+    """The first non-empty-stripped line of `text` (a message, an exception, a docstring),
+    cut to `limit` characters (None: uncut)."""
+    lines = str(text or "").strip().splitlines()
+    return (lines[0] if lines else "")[:limit]
+
+
+def describe(e: BaseException, limit: int | None = None) -> str:
+    """'Type: first line of the message', or just 'Type' for an empty message."""
+    line = first_line(e, limit)
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
 class UsageError(ValueError):
     """Bad input from the user: reported as one clear line, exit code 2, nothing written."""
 

@@ -3,11 +3,11 @@ every worker, so a plugin can register its own modes, models or kernel impls."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 from pathlib import Path
 
 from fusebench.errors import UsageError
+from fusebench.loading import import_file
 
 _loaded: set[str] = set()
 
@@ -20,13 +20,7 @@ def load_plugins(env_value: str | None = None) -> list[str]:
             continue
         try:
             if name.endswith(".py"):
-                path = Path(name)
-                spec = importlib.util.spec_from_file_location(f"fusebench_plugin_{path.stem}",
-                                                              path)
-                if spec is None or not path.is_file():
-                    raise UsageError(f"plugin file {name} not found")
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
+                import_file(Path(name), f"plugin {name}")
             else:
                 importlib.import_module(name)
         except UsageError:

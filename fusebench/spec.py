@@ -100,7 +100,7 @@ class KernelPart:
 @dataclass(frozen=True)
 class DistPart:
     """A model cell launched data-parallel by torchrun (see run/distributed.py)."""
-    kind: str                           # ddp | fsdp1 | fsdp2
+    strategy: str                       # ddp | fsdp1 | fsdp2 (the --dist value)
     nproc: int                          # processes per node
     nnodes: int = 1
     node_rank: int = 0
@@ -111,13 +111,15 @@ class DistPart:
         return self.nproc * self.nnodes
 
     def key(self) -> tuple:
-        return ("dist", self.kind, self.world_size)
+        return ("dist", self.strategy, self.world_size)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DistPart":
+        if "kind" in d:     # fusebench/2 files written before the field was named `strategy`
+            d = {("strategy" if k == "kind" else k): v for k, v in d.items()}
         return cls(**d)
 
 

@@ -1,7 +1,7 @@
-"""Shared test helpers: paths of the asset models and plugin modes, env for workers."""
+"""Shared test helpers: paths of the asset models and plugin modes, a tiny cell spec. Imported
+as `from tests.helpers import ...`; fixtures are in conftest.py."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -11,13 +11,7 @@ WARNING = f"{ASSETS / 'tiny_models.py'}:warning_cnn"
 RAISING = f"{ASSETS / 'tiny_models.py'}:raising_factory"
 SPAWNING = f"{ASSETS / 'tiny_models.py'}:spawning_cnn"
 FAULT_PLUGIN = str(ASSETS / "fault_modes.py")
-
-
-def with_fault_modes(monkeypatch) -> None:
-    """Load the planted-fault modes here and in every worker the test starts."""
-    monkeypatch.setenv("FUSEBENCH_PLUGINS", FAULT_PLUGIN)
-    from fusebench.plugins import load_plugins
-    load_plugins()
+ALL_FAULT_PLUGINS = f"{FAULT_PLUGIN},{ASSETS / 'more_faults.py'}"   # + tests/assets/more_faults.py
 
 
 def tiny_spec(**kw):
@@ -27,5 +21,3 @@ def tiny_spec(**kw):
     base.update(kw)
     return CellSpec.for_model(base.pop("model"), base.pop("mode"), **base)
 
-
-os.environ.setdefault("FUSEBENCH_TEST", "1")

@@ -11,15 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "fusebench"
 FAMILIES = ("bias_gelu", "dwconv", "ln2d", "se_gate", "silu")
 SHARED = ("act", "build", "checks", "pages", "problem", "registry", "triton_support")
-# Cycles in parts of the tree other work on issue 12 still restructures (modes/ registration,
-# results <-> render, run <-> cell). A ratchet: a new cycle fails, and once one is gone it must
-# be dropped from here (the test says so).
-KNOWN_MODULE_CYCLES = {
-    frozenset({"", "render.compare_table", "results.compare", "results.env", "results.frame"}),
-}
-KNOWN_PACKAGE_CYCLES = {frozenset({"results", "render"}), frozenset({"run", "cell"}),
-                        frozenset({"results", "modes", "render"}), frozenset({"", "results"}),
-                        frozenset({"", "results", "render"})}
+# A ratchet: no import cycle is known any more, so any cycle fails (never add one here).
+KNOWN_MODULE_CYCLES: set[frozenset[str]] = set()
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -173,3 +167,10 @@ def test_fuse_is_the_only_bridge_between_models_and_kernels():
     assert {"models", "kernels"} <= _packages_imported_by("fuse")
     library = ("measure", "modes", "fuse")
     assert [p for p in library if {"models", "kernels"} <= _packages_imported_by(p)] == ["fuse"]
+
+
+def test_coordinator_imports_only_the_worker_entry_from_cell():
+    """run/ (the coordinator) starts workers; it imports from cell/ only the entry the fork
+    server runs in its child. What both sides share is in the leaf protocol.py."""
+    assert {d for d in _imports_of_package("run") if _package(d) == "cell"} <= {"cell.worker"}
+    assert not GRAPH["protocol"]

@@ -45,9 +45,9 @@ def no_workers():
     def tripwire(*a, **k):
         raise WorkerStarted("bad input got past planning: a run was about to start")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fusebench.run.session._env", tripwire)
+        mp.setattr("fusebench.results.env.collect_env", tripwire)   # a run's first step
         mp.setattr("fusebench.run.session.run_cells", tripwire)
-        mp.setattr("fusebench.run.runner._Worker", tripwire)
+        mp.setattr("fusebench.run.runner.run_one", tripwire)        # every worker starts here
         yield
 
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from fusebench.cli import app, main
 from fusebench.results.document import load
-from tests.helpers import TINY, with_fault_modes
+from tests.helpers import TINY
 
 runner = CliRunner()
 FAST = ["-b", "2", "--steps", "2", "--warmup", "1", "--threads", "1"]
@@ -34,8 +34,7 @@ def test_run_saves_document_and_prints_table(tmp_path):
     assert "vs eager" in res.output and "aot" in res.output
 
 
-def test_json_prints_only_the_document_and_exit_1_when_a_cell_is_not_ok(monkeypatch, tmp_path):
-    with_fault_modes(monkeypatch)
+def test_json_prints_only_the_document_and_exit_1_when_a_cell_is_not_ok(fault_modes, tmp_path):
     res = runner.invoke(app, ["run", TINY, "-m", "eager,test_unavailable", *FAST, "--json",
                               "--no-save", "--out", str(tmp_path)])
     assert res.exit_code == 1
@@ -157,7 +156,7 @@ def test_option_choices_are_the_registries_keys():
     from fusebench.render.compare_table import TEXT_RENDERERS
     from fusebench.render.plot import PLOTS
     from fusebench.results.compare import METRICS
-    from fusebench.results.frame import EXPORTERS
+    from fusebench.render.export import EXPORTERS
     values = lambda enum: [m.value for m in enum]  # noqa: E731
     assert values(run.Dtype) == list(MODEL_DTYPES) and values(kernel.Dtype) == list(DTYPES)
     assert values(compare.MetricChoice) == list(METRICS)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from factories import fake_env, kernel_record, model_record, modes_run, samples, write_results
+from tests.factories import fake_env, kernel_record, model_record, modes_run, samples, write_results
 from fusebench.results import stats
 from fusebench.cli import app
 from fusebench.results.compare import METRICS, compare_files, compare_modes

@@ -84,7 +84,7 @@ def _step(model, fn) -> None:
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fusebench.run.distributed import RankRun
+    from fusebench.cell.rank_cell import RankRun
     from fusebench.measure.events import EventLog
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD)
@@ -180,7 +180,7 @@ def test_plan_puts_dist_settings_into_the_spec():
     specs = plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu",
                                 dist="fsdp1", nproc=2))
     d = specs[0].dist
-    assert d.kind == "fsdp1" and d.nproc == 2 and d.world_size == 2
+    assert d.strategy == "fsdp1" and d.nproc == 2 and d.world_size == 2
     with pytest.raises(UsageError):
         plan_run(RunRequest(models="convnext_atto", modes="eager", device="cpu", dist="ddp"))
 
@@ -192,6 +192,8 @@ def test_launch_command_uses_torchrun_on_loopback(tmp_path):
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=2" in cmd and "--node-rank=0" in cmd
     assert any(c.startswith("--rdzv-endpoint=127.0.0.1:") for c in cmd)
+    assert cmd[-4:] == ["-m", "fusebench.cell.rank_cell", str(tmp_path / "s.json"),
+                        str(tmp_path / "r.json")]       # the rank entry lives on the cell side
     multi = launch_command(validate("fsdp2", 4, 2, 1, "10.0.0.1:29500"), tmp_path / "s",
                            tmp_path / "r")
     assert "--nnodes=2" in multi and "--node-rank=1" in multi
@@ -253,3 +255,12 @@ def test_fuser_keeps_parameters_for_wrappers():
     after = {n: p for n, p in model.named_parameters()}
     assert before.keys() == after.keys() and all(before[n] is after[n] for n in before)
     assert copy.deepcopy(model)(x_in()).shape == (2, 8, 8, 8)
+
+
+def test_dist_part_reads_the_old_field_name():
+    """fusebench/2 files written before DistPart.kind became `strategy` stay readable."""
+    from fusebench.spec import DistPart
+    old = DistPart.from_dict({"kind": "fsdp2", "nproc": 2, "nnodes": 1, "node_rank": 0,
+                              "rdzv_endpoint": None})
+    assert old == DistPart("fsdp2", 2) and old.to_dict()["strategy"] == "fsdp2"
+    assert DistPart.from_dict(old.to_dict()) == old

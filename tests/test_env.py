@@ -9,7 +9,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from factories import fake_env
+from tests.factories import fake_env
 from fusebench.results import env as E
 from fusebench.cli import app
 from fusebench.measure.telemetry import GpuTelemetry, throttle_reason_names

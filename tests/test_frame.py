@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 import fusebench
-from factories import fake_env, kernel_record, model_record, modes_run, write_results
+from tests.factories import fake_env, kernel_record, model_record, modes_run, write_results
 from fusebench.cli import app
-from fusebench.results.frame import to_markdown
+from fusebench.render.export import to_markdown
 
 runner = CliRunner()
 

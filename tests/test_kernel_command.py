@@ -7,7 +7,8 @@ import torch
 
 from fusebench.cli import main
 from fusebench.errors import UsageError
-from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
+from fusebench.cell.kernel_cell import run_cell
+from fusebench.run.kernel_plan import KernelRequest, plan_kernel
 
 SHAPE = "2,5,6,7"
 
@@ -48,7 +49,7 @@ def test_plan_sweep_and_extra():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(impls="permut"), "did you mean permute"),
-    (dict(impls="nope.py:fn"), "no such file"),
+    (dict(impls="nope.py:fn"), "not found"),
     (dict(shapes=("8,96,56",)), "N,C,H,W"),
     (dict(sweep="Q=1,2"), "DIM=v1"),
     (dict(direction="up"), "--direction"),
@@ -138,7 +139,7 @@ def test_cpu_copies_alternate_with_the_steps(monkeypatch):
     """The copy a kernel's % is held to is timed in the same rounds as the kernel's steps."""
     from fusebench.cell import kernel_cell as bench
     calls = []
-    monkeypatch.setattr(bench, "_copy_fns", lambda x: {
+    monkeypatch.setattr(bench, "copy_fns", lambda x: {
         k: (lambda k=k: calls.append(k)) for k in ("plain", "huge", "prealloc")})
     x = torch.ones(4, 4)
     steps, copies = bench.time_with_copies(lambda: calls.append("step"), None, x, 3, "cpu")

@@ -232,14 +232,15 @@ def test_bias_gelu_module_shares_the_conv_bias():
 # ------------------------------------------------------------------------- fusebench kernel
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plan_default_shape(family):
-    from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
+    from fusebench.run.kernel_plan import KernelRequest, plan_kernel
     specs = plan_kernel(KernelRequest(family, impls="eager,function"))
     assert [s.kernel.shape for s in specs] == [(8, 96, 56, 56)] * 2
 
 
 @pytest.mark.parametrize("family", ["se_gate", "bias_gelu"])
 def test_run_cell_records(family):
-    from fusebench.cell.kernel_cell import KernelRequest, plan_kernel, run_cell
+    from fusebench.cell.kernel_cell import run_cell
+    from fusebench.run.kernel_plan import KernelRequest, plan_kernel
     specs = plan_kernel(KernelRequest(family, impls="eager,function", shapes=("2,5,6,7",),
                                       warmup=1, steps=2))
     for spec in specs:

@@ -7,7 +7,7 @@ import matplotlib.image as mpimg
 import pytest
 from typer.testing import CliRunner
 
-from factories import model_record, modes_run, write_results
+from tests.factories import model_record, modes_run, write_results
 from fusebench.cli import app
 
 runner = CliRunner()

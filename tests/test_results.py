@@ -11,7 +11,7 @@ from fusebench.errors import UsageError
 from fusebench.results.document import SCHEMA_VERSION, ResultsWriter, load, new_document, save
 from fusebench.spec import (CellSpec, Correctness, DistPart, Event, KernelPart, ModelPart, Record,
                             StepStats)
-from helpers import ASSETS
+from tests.helpers import ASSETS
 
 
 def test_stepstats_match_numpy_quantiles():
@@ -96,7 +96,7 @@ def test_v1_document_loads_into_specs():
         assert rec.extra["gbps"] > 0
     assert fused.extra["ran_impl"] == "cpu" and "ran_impl" not in function.extra
     # distributed: the dist keys became the dist part
-    assert ddp.spec.dist.kind == "ddp" and ddp.spec.dist.world_size == 2
+    assert ddp.spec.dist.strategy == "ddp" and ddp.spec.dist.world_size == 2
     assert "world_size" not in ddp.extra and ddp.extra["ranks_reported"] == [0, 1]
     # a failure after an OOM retry: the record's batch (what ran) is the spec's
     assert crashed.spec.model.batch_size == 1 and crashed.extra["signal"] == "SIGKILL"

@@ -5,7 +5,7 @@ import pytest
 
 from fusebench.results.document import ResultsWriter, load
 from fusebench.run.runner import RunOptions, decay_batch, run_cells, run_one
-from tests.helpers import GRAPH_BREAK, RAISING, WARNING, tiny_spec, with_fault_modes
+from tests.helpers import GRAPH_BREAK, RAISING, WARNING, tiny_spec
 
 
 def test_decay_batch_steps_down_like_timm():
@@ -16,8 +16,7 @@ def test_decay_batch_steps_down_like_timm():
     assert seq == [64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1]
 
 
-def test_faulty_cells_are_recorded_and_the_others_complete(monkeypatch, tmp_path):
-    with_fault_modes(monkeypatch)
+def test_faulty_cells_are_recorded_and_the_others_complete(fault_modes, tmp_path):
     specs = [tiny_spec(mode="eager"), tiny_spec(mode="test_crash"),
              tiny_spec(mode="test_hang", timeout=8.0), tiny_spec(mode="test_unavailable"),
              tiny_spec(mode="aot")]
@@ -39,8 +38,7 @@ def test_faulty_cells_are_recorded_and_the_others_complete(monkeypatch, tmp_path
     assert [r["spec"]["mode"] for r in doc["records"]] == [s.mode for s in specs]
 
 
-def test_mismatch_after_second_call_is_caught(monkeypatch):
-    with_fault_modes(monkeypatch)
+def test_mismatch_after_second_call_is_caught(fault_modes):
     rec = run_one(tiny_spec(mode="test_corrupt_after_2", warmup=1, steps=2))
     assert rec.status == "mismatch"
     c = rec.correctness
@@ -49,8 +47,7 @@ def test_mismatch_after_second_call_is_caught(monkeypatch):
     assert c.max_rel_err_grad > 0.1
 
 
-def test_oom_retries_with_decayed_batch(monkeypatch):
-    with_fault_modes(monkeypatch)
+def test_oom_retries_with_decayed_batch(fault_modes):
     rec = run_one(tiny_spec(mode="test_oom", batch_size=6))
     assert rec.status == "ok" and rec.spec.model.batch_size == 2
     assert rec.extra["oom_failed_batch_sizes"] == [6, 4, 3]

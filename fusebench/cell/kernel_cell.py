@@ -1,4 +1,4 @@
-"""Kernel cells: plan them from CLI arguments, run one in a worker (`run_cell`).
+"""Kernel cells, worker side: run one in a worker (`run_cell`); run/kernel_plan.py plans them.
 
 A kernel cell is one impl x mode x shape x direction. It measures the median time (and IQR),
 effective GB/s from a bytes model, that as a % of a copy of the same tensor timed in the same
@@ -7,165 +7,22 @@ random inputs at the first call and again after timing."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from fusebench.errors import UsageError, unknown_name
+from fusebench.dtypes import torch_dtype
+from fusebench.errors import first_line
+from fusebench.measure.correctness import finite_or_none
 from fusebench.measure.events import EventLog
 from fusebench.measure.noise import noise_event
-from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec, Correctness, ErrorInfo, Record, StepStats
 
-DIRECTIONS = ("fwd", "bwd", "fwdbwd")
-DIMS = "NCHW"
-TOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
-
-
-# ------------------------------------------------------------------------------------ planning
-@dataclasses.dataclass(frozen=True)
-class KernelRequest:
-    family: str
-    impls: str = "all"
-    shapes: tuple[str, ...] | None = None      # None: the family's default shape
-    sweep: str | None = None
-    dtype: str = "float32"
-    channels_last: bool = False
-    direction: str = "fwdbwd"
-    modes: str = "eager"
-    device: str = "cpu"
-    warmup: int = 3
-    steps: int = 10
-    seed: int = 0
-    timeout: float = 900.0
-
-
-MAX_ELEMENTS = 1 << 31   # per tensor; beyond this a shape is a typo, not a benchmark
-
-
-def parse_shape(text: str) -> list[int]:
-    dims = parse_int_list(text, "shape")
-    if len(dims) != 4:
-        raise UsageError(f"--shape '{text}': expected 4 comma-separated sizes N,C,H,W")
-    if math.prod(dims) > MAX_ELEMENTS:
-        raise UsageError(f"--shape '{text}': {math.prod(dims):,} elements is more than the "
-                         f"{MAX_ELEMENTS:,} a kernel cell allows")
-    return dims
-
-
-def apply_sweep(shapes: list[list[int]], sweep: str | None) -> list[list[int]]:
-    """'C=32,64' -> every shape once per value of C."""
-    if not sweep:
-        return shapes
-    dim, sep, values = sweep.partition("=")
-    dim = dim.strip().upper()
-    if not sep or dim not in DIMS or len(dim) != 1:
-        raise UsageError(f"--sweep '{sweep}': expected DIM=v1,v2,... with DIM one of N, C, H, W")
-    vals = parse_int_list(values, f"--sweep {dim}")
-    out = []
-    for s in shapes:
-        for v in vals:
-            t = list(s)
-            t[DIMS.index(dim)] = v
-            out.append(t)
-    return out
-
-
-def is_user_impl(name: str) -> bool:
-    return ":" in name
-
-
-def load_user_impl(ref: str) -> Callable:
-    """'path/to/file.py:fn' -> fn. Every way this can fail is one clear UsageError."""
-    path, _, fn_name = ref.rpartition(":")
-    if not path or not fn_name.isidentifier():
-        raise UsageError(f"user impl '{ref}': expected path/to/file.py:function")
-    p = Path(path)
-    if p.suffix != ".py":
-        raise UsageError(f"user impl '{ref}': {path} is not a .py file")
-    if not p.is_file():
-        raise UsageError(f"user impl '{ref}': no such file {path}")
-    mod_name = f"fusebench_user_{abs(hash(str(p.resolve())))}"
-    spec = importlib.util.spec_from_file_location(mod_name, p)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise UsageError(f"user impl '{ref}': importing {path} failed: "
-                         f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
-    fn = getattr(module, fn_name, None)
-    if fn is None:
-        names = [n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("__")]
-        raise unknown_name(f"function in {path}", [fn_name], names)
-    if not callable(fn):
-        raise UsageError(f"user impl '{ref}': {fn_name} is not callable")
-    return fn
-
-
-def resolve_impls(family: str, text: str) -> list[str]:
-    from fusebench.kernels.registry import family as family_registry
-    reg = family_registry(family)
-    names = parse_list(text, "--impl")
-    if names == ["all"]:
-        return reg.names()
-    named = [n for n in names if not is_user_impl(n)]
-    reg.resolve(named)                      # every unknown name in one error
-    for n in names:
-        if is_user_impl(n):
-            load_user_impl(n)               # fail at planning time, not in a worker
-    return list(dict.fromkeys(names))
-
-
-def resolve_modes(text: str) -> list[str]:
-    from fusebench.modes import MODES, list_modes
-    names = parse_list(text, "--mode")
-    if names == ["all"]:
-        return list_modes()
-    list_modes()
-    MODES.resolve(names)
-    return list(dict.fromkeys(names))
-
-
-def plan_kernel(req: KernelRequest) -> list[CellSpec]:
-    from fusebench.kernels.registry import families
-    if req.family not in families():
-        raise unknown_name("kernel family", [req.family], families())
-    from fusebench.kernels import PROBLEMS
-    if req.family not in PROBLEMS:
-        raise UsageError(f"kernel family '{req.family}' has no benchmark definition yet "
-                         f"(benchmarkable: {', '.join(PROBLEMS.names())})")
-    problem = PROBLEMS[req.family]
-    if req.direction not in DIRECTIONS:
-        raise UsageError(f"--direction must be one of {', '.join(DIRECTIONS)}, "
-                         f"got '{req.direction}'")
-    if req.dtype not in DTYPES:
-        raise unknown_name("dtype", [req.dtype], DTYPES)
-    if req.warmup < 0 or req.steps < 1:
-        raise UsageError("--warmup must be >= 0 and --steps >= 1")
-    if not (math.isfinite(req.timeout) and req.timeout > 0):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {req.timeout}")
-    impls = resolve_impls(req.family, req.impls)
-    modes = resolve_modes(req.modes)
-    shapes = apply_sweep([parse_shape(s) for s in (req.shapes or (problem.default_shape,))],
-                         req.sweep)
-    specs = []
-    for shape in shapes:
-        for impl in impls:
-            for mode in modes:
-                specs.append(CellSpec.for_kernel(
-                    req.family, impl, shape, mode, direction=req.direction,
-                    channels_last=req.channels_last, dtype=req.dtype, device=req.device,
-                    warmup=req.warmup, steps=req.steps, seed=req.seed, timeout=req.timeout))
-    return specs
+GRAD_FLOOR = 1e-3   # a gradient's scale is at least this fraction of the largest gradient's
 
 
 # ------------------------------------------------------------------------------------ problem
@@ -267,9 +124,9 @@ class KernelCheck:
 
 def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelCheck:
     """One correctness check on fresh random inputs vs the float64 reference."""
-    from fusebench.measure.correctness import grad_errs, rel_err
+    from fusebench.measure.correctness import TOLERANCES, grad_errs, rel_err
     problem = module.problem
-    dtype = DTYPES[spec.dtype]
+    dtype = torch_dtype(spec.dtype)
     direction = spec.kernel.direction
     x, dy, params = make_inputs(problem, shape, dtype, spec.device, spec.channels_last, seed)
     with torch.no_grad():
@@ -277,7 +134,7 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelC
             p.copy_(params[name])
     y, grads = _run_once(call, module, x, dy, direction)
     y_ref, g_ref = _reference(problem, x, dy, params, direction)
-    tol = TOL[spec.dtype]
+    tol = TOLERANCES[spec.dtype].base       # the model cells' base tolerance per dtype
     err_out = rel_err(y, y_ref)
     bad = [f"y {err_out:.1e}"] if not err_out <= tol else []
     err_grad = None
@@ -285,7 +142,7 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelC
         missing = [k for k, v in grads.items() if v is None]
         if missing:
             return KernelCheck(False, err_out, math.inf, f"no gradient for {', '.join(missing)}")
-        errs = grad_errs(grads, g_ref, list(g_ref), 1e-3)   # floor: 1e-3 x the largest grad
+        errs = grad_errs(grads, g_ref, list(g_ref), GRAD_FLOOR)
         err_grad = max(errs.values())
         bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
     detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None
@@ -345,7 +202,7 @@ def time_step(step, setup, n: int, device: str) -> list[float]:
     return out
 
 
-def _copy_fns(x: torch.Tensor) -> dict[str, Callable[[], object]]:
+def copy_fns(x: torch.Tensor) -> dict[str, Callable[[], object]]:
     """The copies of x the kernels are held to (each a fresh output, as every kernel allocates):
     a plain clone and, on CPU, one whose output asks for huge pages as our C++ kernels' outputs
     do; `prealloc` (copy_ into a kept tensor) shows what fresh memory costs."""
@@ -367,21 +224,21 @@ def _copy_record(x: torch.Tensor, samples: dict[str, list[float]]) -> dict[str, 
 
 
 def copy_gbps(x: torch.Tensor, n: int, device: str) -> dict[str, float | None]:
-    """GB/s of the copies of x, each timed n times in a row (see _copy_fns)."""
+    """GB/s of the copies of x, each timed n times in a row (see copy_fns)."""
     from fusebench.measure.timer import time_steps
-    return _copy_record(x, {k: time_steps(f, n, device) for k, f in _copy_fns(x).items()})
+    return _copy_record(x, {k: time_steps(f, n, device) for k, f in copy_fns(x).items()})
 
 
 def time_with_copies(step, setup, x: torch.Tensor, n: int, device: str):
     """(step samples, copy record). On CPU the kernel's steps and the copies alternate, one call
-    each per round: this VM's speed drifts within a cell (the hinted copy measured 9-17 GB/s
-    from one run to the next), and a copy timed after all the steps put 58% in the ratio where
-    alternating gave 80-86%. On CUDA, timing is stable and steps stay back to back (per-step
-    synchronisation would change what a launch-bound step measures), copies after."""
+    each per round: a CPU VM's speed drifts within a cell, so a copy timed after all the steps
+    is held to a different machine than the steps were (figures: docs/figures.md). On CUDA,
+    timing is stable and steps stay back to back (per-step synchronisation would change what a
+    launch-bound step measures), copies after."""
     from fusebench.measure.timer import time_steps
     if torch.device(device).type != "cpu":
         return time_step(step, setup, n, device), copy_gbps(x, max(n, 5), device)
-    fns = _copy_fns(x)
+    fns = copy_fns(x)
     steps: list[float] = []
     copies: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(max(n, 5)):
@@ -399,9 +256,9 @@ class _Unavailable(Exception):
 
 def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
     """(name that really runs, fn). `auto` may fall back to its FALLBACK impl, with an event."""
+    from fusebench.kernels.registry import get_impl, is_user_impl, load_user_impl
     if is_user_impl(impl):
         return impl, load_user_impl(impl)
-    from fusebench.kernels.registry import get_impl
     fam = problem.family
     k = get_impl(fam, impl)
     if impl == "auto" and problem.auto_module:
@@ -449,12 +306,11 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     ok, reason = mode.available(spec.options(), spec.device)
     if not ok:
         return record("unavailable", error=ErrorInfo("Unavailable", reason))
-    dtype = DTYPES[spec.dtype]
+    dtype = torch_dtype(spec.dtype)
     try:
         return _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record)
     except Exception as e:  # an impl failing is this cell's record; other cells go on
-        msg = (str(e).strip().splitlines() or [""])[0][:500]
-        return record("error", error=ErrorInfo(type(e).__name__, msg))
+        return record("error", error=ErrorInfo(type(e).__name__, first_line(e, 500)))
 
 
 def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, record) -> Record:
@@ -489,13 +345,10 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
     errs_grad = [c.err_grad for c in (first, after) if c.err_grad is not None]
     detail = "; ".join(f"{at}: {c.detail}" for at, c in (("first_call", first),
                                                          ("after_timing", after)) if c.detail)
-    corr = Correctness(passed=passed, max_rel_err_out=_finite(max(errs_out, default=None)),
-                       max_rel_err_grad=_finite(max(errs_grad, default=None)),
+    corr = Correctness(passed=passed, max_rel_err_out=finite_or_none(max(errs_out, default=None)),
+                       max_rel_err_grad=finite_or_none(max(errs_grad, default=None)),
                        checked_at=("first_call", "after_timing"), detail=detail or None)
-    extra["max_err"] = _finite(max(errs_out + errs_grad, default=None))
+    extra["max_err"] = finite_or_none(max(errs_out + errs_grad, default=None))
     return record("ok" if passed else "mismatch", step_ms=stats, compile_s=compile_s,
                   activation_bytes=act, correctness=corr)
 
-
-def _finite(v):
-    return v if v is not None and math.isfinite(v) else None

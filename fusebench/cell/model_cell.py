@@ -24,6 +24,7 @@ import torch.nn as nn
 from fusebench.cell.model_step import CHECK_SEED, Loss, Step, first_tensor
 from fusebench.cell.model_check import ReferenceRunner, record_correctness
 from fusebench.dtypes import torch_dtype
+from fusebench.cell.rank_cell import RankRun
 from fusebench.measure import correctness as corr
 from fusebench.measure.contention import CpuWindow, describe, gpu_other_processes, is_contended
 from fusebench.measure.events import EventLog
@@ -31,7 +32,6 @@ from fusebench.measure.memory import PeakMemory, SavedTensorBytes
 from fusebench.measure.telemetry import GpuTelemetry
 from fusebench.measure.timer import time_call, time_steps
 from fusebench.models import inputs as model_inputs
-from fusebench.run.distributed import RankRun
 from fusebench.spec import CellSpec, ErrorInfo, Record, StepStats
 
 NOISY = 0.10   # IQR/median above this gets a noise warning event

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 
-PHASE_PREFIX = "@@fusebench-phase "
+from fusebench.protocol import PHASE_PREFIX
 
 # spec.kind (declared by the spec's part) -> module with run_cell(spec, phase) -> Record
 CELL_RUNNERS = {"model": "fusebench.cell.model_cell", "kernel": "fusebench.cell.kernel_cell"}
@@ -33,7 +33,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def run(spec_dict: dict) -> dict:
-    from fusebench.errors import UsageError
+    from fusebench.errors import UsageError, first_line
     from fusebench.plugins import load_plugins
     from fusebench.spec import CellSpec, ErrorInfo, Record
 
@@ -48,7 +48,7 @@ def run(spec_dict: dict) -> dict:
             raise
         traceback.print_exc(file=sys.stderr)
         status = "oom" if _is_oom(e) else "error"
-        first = (str(e).strip().splitlines() or [""])[0][:500]
+        first = first_line(e, 500)
         kind = "UsageError" if isinstance(e, UsageError) else type(e).__name__
         rec = Record(spec, status, error=ErrorInfo(kind, first)).to_dict()
     rec.setdefault("extra", {})["threads"] = threads

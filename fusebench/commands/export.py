@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fusebench.commands import add_command, choices, guarded
-from fusebench.results.frame import EXPORTERS
+from fusebench.render.export import EXPORTERS
 
 
 ExportFormat = choices("ExportFormat", EXPORTERS)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from fusebench.cell.kernel_cell import DIRECTIONS
+from fusebench.run.kernel_plan import DIRECTIONS
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import DTYPES
 from fusebench.kernels import families, get_problem
@@ -53,7 +53,7 @@ def kernel(
         "--wide", help="Every table column, even wider than the terminal.")] = False,
 ):
     """Time kernel impls side by side: GB/s, % of copy bandwidth, saved bytes, correctness."""
-    from fusebench.cell.kernel_cell import KernelRequest, plan_kernel
+    from fusebench.run.kernel_plan import KernelRequest, plan_kernel
     from fusebench.run.plan import resolve_device
     from fusebench.render.run_table import print_details
     from fusebench.run.session import execute

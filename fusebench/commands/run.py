@@ -16,12 +16,12 @@ import typer
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import MODEL_DTYPES
 from fusebench.modes import MODES, list_modes
-from fusebench.modes.options import DIST_KINDS, ModeOption, all_options
+from fusebench.modes.options import DIST_STRATEGIES, ModeOption, all_options
 from fusebench.run.plan import BENCHES, RunRequest
 
 Bench = choices("Bench", (*BENCHES, "both"))
 Dtype = choices("Dtype", MODEL_DTYPES)
-Dist = choices("Dist", DIST_KINDS)
+Dist = choices("Dist", DIST_STRATEGIES)
 MODE_OPTIONS = all_options(MODES.resolve(list_modes()))
 
 

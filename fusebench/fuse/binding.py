@@ -112,10 +112,9 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
 
     cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel with channels_last_out=True:
     y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp 1x1
-    convs after it run oneDNN's NHWC path (NCHW made convnext_atto's conv time ~1.9x in a train
-    step). A channels-last x (everything after the first LN) runs aten's layer_norm over the
-    free NHWC view: measured faster than the C++ kernel's channels-last path for C >= 80
-    (docs/fused.md)."""
+    convs after it run oneDNN's faster NHWC path. A channels-last x (everything after the first
+    LN) runs aten's layer_norm over the free NHWC view, which beats the C++ kernel's
+    channels-last path at the widths ConvNeXt uses (figures: docs/figures.md, docs/fused.md)."""
     name, reason = ln2d_auto.resolve(device)
     if name is None:
         notes.append(("kernel_fallback", f"ln2d auto unavailable ({reason}); "

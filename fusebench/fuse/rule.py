@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch.nn as nn
 
+from fusebench.errors import first_line
 from fusebench.fuse.binding import Pure, bind_act
 from fusebench.registry import Registry
 
@@ -57,6 +58,6 @@ def register_fusion(name: str, matches, benches=("train", "infer"), description:
     def deco(fn):
         types = matches if isinstance(matches, tuple) else (matches,)
         FUSIONS.add(name, Fusion(name, types, fn, tuple(benches),
-                                 description or (fn.__doc__ or "").strip().split("\n")[0]))
+                                 description or first_line(fn.__doc__, None)))
         return fn
     return deco

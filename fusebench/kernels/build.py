@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from fusebench.errors import describe
+
 # -O3 + -march=native: the inner loops over H*W / C are written for the auto-vectoriser;
 # -fopenmp: at::parallel_for is a header template that only parallelises under OpenMP, and
 # `#pragma omp simd` needs it too (libgomp.so.1 resolves to the one torch already loaded).
@@ -39,7 +41,7 @@ def cache_root() -> Path:
     return Path(root)
 
 
-@functools.cache  # once per process: the PATH lookups cost ~0.1 ms and sit on per-call paths
+@functools.cache  # once per process: the PATH lookups sit on per-call paths (docs/figures.md)
 def toolchain_reason() -> str:
     """'' when a C++ compiler and ninja are on PATH, else why not (cheap: no build)."""
     cxx = os.environ.get("CXX", "c++")
@@ -114,8 +116,8 @@ class CppKernel:
         self._module = None
 
     def extension(self):
-        # Kept once loaded: load_extension's checks (two PATH lookups for the toolchain) cost
-        # ~0.1 ms, and every forward and backward of a fused kernel asks for the module.
+        # Kept once loaded: load_extension's checks (two PATH lookups for the toolchain) are not
+        # free, and every forward and backward of a fused kernel asks for the module.
         if self._module is None:
             self._module = load_extension(self.name, [self.source])
         return self._module
@@ -127,7 +129,7 @@ class CppKernel:
         return (False, reason) if reason else (True, "")
 
     def build(self) -> tuple[bool, str]:
-        """Build now (the first build costs ~40-50 s; later ones reuse the disk cache)."""
+        """Build now (the first build is slow, docs/figures.md; later ones reuse the disk cache)."""
         try:
             self.extension()
         except BuildError as e:
@@ -141,5 +143,4 @@ def _short(e: Exception) -> str:
     for line in text.splitlines():
         if "error:" in line:
             return line.strip()[:300]
-    lines = text.strip().splitlines()
-    return f"{e.__class__.__name__}: {lines[0][:300] if lines else ''}"
+    return describe(e, 300)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fusebench.errors import unknown_name
+from fusebench.errors import first_line, unknown_name
+from fusebench.loading import is_file_ref, load_ref
 from fusebench.registry import Registry
 
 
@@ -32,7 +33,7 @@ def register_impl(family: str, name: str, *, available=None, description: str = 
     def deco(fn):
         reg = _FAMILIES.setdefault(family, Registry(f"{family} impl"))
         reg.add(name, KernelImpl(family, name, fn, available or _always,
-                                 description or (fn.__doc__ or "").strip().split("\n")[0]))
+                                 description or first_line(fn.__doc__, None)))
         return fn
     return deco
 
@@ -53,3 +54,13 @@ def get_impl(family_name: str, name: str) -> KernelImpl:
 
 def list_impls(family_name: str, pattern: str = "*") -> list[str]:
     return family(family_name).names(pattern)
+
+
+def is_user_impl(name: str) -> bool:
+    """An impl given as 'path/to/file.py:fn' rather than a registered name."""
+    return is_file_ref(name)
+
+
+def load_user_impl(ref: str) -> Callable:
+    """'path/to/file.py:fn' -> fn: the planner checks it, the cell runs it, the same way."""
+    return load_ref(ref, "user impl", "function")

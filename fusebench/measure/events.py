@@ -12,12 +12,8 @@ import tempfile
 import warnings
 from collections import OrderedDict
 
+from fusebench.errors import first_line
 from fusebench.spec import Event
-
-
-def first_line(text: object, limit: int = 300) -> str:
-    s = str(text).strip().splitlines()
-    return (s[0] if s else "")[:limit]
 
 
 class EventLog:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fusebench.errors import first_line
 from fusebench.registry import Registry
 
 
@@ -30,6 +31,6 @@ def register_model(*, family: str, train_size: int, infer_size: int, name: str |
     def deco(fn):
         n = name or fn.__name__
         MODELS.add(n, ModelInfo(n, fn, family, train_size, infer_size, in_chans,
-                                (fn.__doc__ or "").strip().split("\n")[0]))
+                                first_line(fn.__doc__, None)))
         return fn
     return deco

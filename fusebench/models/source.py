@@ -6,18 +6,15 @@ clear line; `ModelSource.build(**kwargs)` makes the nn.Module.
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from fusebench.errors import UsageError, unknown_name
+from fusebench.errors import UsageError, describe, first_line, unknown_name
+from fusebench.loading import load_ref
 from fusebench.models import inputs as model_inputs
 
 DEFAULT_INPUT_SIZE = (3, 224, 224)   # for user/timm models that do not say
@@ -54,11 +51,11 @@ class ModelSource:
                 raise UsageError(f"model '{self.name}': {e}") from e
             if self.kind == "zoo":
                 raise
-            raise UsageError(f"model '{self.name}' failed to build: {_one_line(e)}") from e
+            raise UsageError(f"model '{self.name}' failed to build: {describe(e)}") from e
         except Exception as e:
             if self.kind == "zoo":                  # our bug: keep the traceback
                 raise
-            raise UsageError(f"model '{self.name}' failed to build: {_one_line(e)}") from e
+            raise UsageError(f"model '{self.name}' failed to build: {describe(e)}") from e
         if not isinstance(model, nn.Module):
             raise UsageError(f"model '{self.name}': factory returned {type(model).__name__}, "
                              f"not an nn.Module")
@@ -131,50 +128,9 @@ def _resolve_zoo(name: str) -> ModelSource:
 
 
 def _resolve_file(text: str) -> ModelSource:
-    path_text, sep, attr = text.rpartition(":")
-    if not sep or not attr or not path_text:
-        raise UsageError(f"model '{text}': expected path/to/file.py:factory")
-    path = Path(path_text).expanduser()
-    if path.suffix != ".py":
-        raise UsageError(f"model file '{path_text}' is not a .py file")
-    if not path.is_file():
-        raise UsageError(f"model file '{path_text}' not found")
-    module = _import_file(path)
-    if not hasattr(module, attr):
-        # offer the functions/classes the file itself defines, not what it imported
-        own = [n for n, v in vars(module).items()
-               if callable(v) and getattr(v, "__module__", None) == module.__name__]
-        if not own:
-            raise UsageError(f"no '{attr}' in {path_text} (it defines no functions or classes)")
-        raise unknown_name(f"factory in {path_text}:", [attr], own)
-    factory = getattr(module, attr)
-    if not callable(factory):
-        raise UsageError(f"'{attr}' in {path_text} is a {type(factory).__name__}, not callable")
-    doc = (getattr(factory, "__doc__", None) or "").strip().split("\n")[0]
+    factory = load_ref(text, "model", "factory")
+    doc = first_line(getattr(factory, "__doc__", None), None)
     return ModelSource(text, "file", factory, family="file", description=doc)
-
-
-def _import_file(path: Path):
-    """Import a user's .py file under a unique module name (two files named model.py coexist)."""
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    mod_name = f"fusebench_user_{resolved.stem}_{digest}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"cannot import model file '{path}'")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module          # dataclasses/pickling in the file need this
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        del sys.modules[mod_name]
-        raise UsageError(f"syntax error in {path} line {e.lineno}: {e.msg}") from None
-    except Exception as e:
-        del sys.modules[mod_name]
-        raise UsageError(f"importing {path} failed: {_one_line(e)}") from e
-    return module
 
 
 def _resolve_timm(text: str) -> ModelSource:
@@ -204,11 +160,6 @@ def _check_size(name: str, s) -> tuple[int, int, int]:
     except (TypeError, ValueError):
         raise UsageError(f"model '{name}': input_size must be (C, H, W), got {s!r}") from None
     return (c, h, w)
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
 # ----- kwargs from the command line -----------------------------------------------------------

@@ -42,6 +42,15 @@ class Mode:
         return {**defaults, **{k: v for k, v in options.items()
                                if k in defaults and v is not None}}
 
-    def supports_dist(self, kind: str) -> tuple[bool, str]:
-        reason = self.dist_unsupported.get(kind)
-        return (False, f"{self.name} under {kind}: {reason}") if reason else (True, "")
+    def supports_dist(self, strategy: str) -> tuple[bool, str]:
+        reason = self.dist_unsupported.get(strategy)
+        return (False, f"{self.name} under {strategy}: {reason}") if reason else (True, "")
+
+
+def device_of(model: nn.Module, example_inputs) -> str:
+    """The device a model runs on ('cpu', 'cuda:0'): its first parameter's, else its first
+    tensor input's, else cpu."""
+    import torch
+    for t in [*model.parameters(), *(x for x in example_inputs if torch.is_tensor(x))]:
+        return str(t.device)
+    return "cpu"

@@ -8,8 +8,6 @@ import logging
 import os
 import shutil
 
-import torch
-
 from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode
 from fusebench.modes.options import ModeOption

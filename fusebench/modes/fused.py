@@ -9,7 +9,7 @@ optimizer, the correctness check and FSDP see them). Infer: a fused copy (conv+B
 from __future__ import annotations
 
 from fusebench.modes.registry import register_mode
-from fusebench.modes.base import Mode
+from fusebench.modes.base import Mode, device_of
 
 
 @register_mode
@@ -26,7 +26,7 @@ class Fused(Mode):
         wrapper must record the fused modules' Parameters, not the replaced ones)."""
         from fusebench.fuse import fuse
         bench = options.get("bench", "train")
-        result = fuse(model, bench, _device_of(model, example_inputs))
+        result = fuse(model, bench, device_of(model, example_inputs))
         for kind, msg in result.notes:
             events.add(kind, "fuser", msg)
         for fusion, n in result.sites.items():
@@ -48,10 +48,3 @@ class Fused(Mode):
         self._rewritten = False
         return model
 
-
-def _device_of(model, example_inputs) -> str:
-    for p in model.parameters():
-        return str(p.device)
-    for x in example_inputs:
-        return str(x.device)
-    return "cpu"

@@ -13,7 +13,7 @@ from typing import Any
 
 from fusebench.errors import UsageError
 
-DIST_KINDS = ("ddp", "fsdp1", "fsdp2")   # data-parallel wrappers a mode may not run under
+DIST_STRATEGIES = ("ddp", "fsdp1", "fsdp2")   # data-parallel wrappers a mode may not run under
 
 
 @dataclass(frozen=True)

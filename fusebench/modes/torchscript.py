@@ -10,8 +10,8 @@ import torch
 
 from fusebench.modes import jit_ids
 from fusebench.modes.registry import register_mode
-from fusebench.modes.base import Mode
-from fusebench.modes.options import DIST_KINDS, ModeOption
+from fusebench.modes.base import Mode, device_of
+from fusebench.modes.options import DIST_STRATEGIES, ModeOption
 
 # before any torch.library refresh in this process can free an op whose id the script
 # frontend still maps to a builtin (see jit_ids)
@@ -85,7 +85,7 @@ class TorchScript(Mode):
     # measured on torch 2.13 (CPU, gloo, 2 ranks) with a conv/BN/GELU model
     dist_unsupported = {k: (f"torch.jit.script/trace cannot compile a {k.upper()}-wrapped model "
                             "(script: forward(*args, **kwargs) is unsupported; trace: the "
-                            "process group is not part of the trace)") for k in DIST_KINDS}
+                            "process group is not part of the trace)") for k in DIST_STRATEGIES}
 
     def __init__(self):
         self._scripted = None
@@ -109,7 +109,7 @@ class TorchScript(Mode):
         o = self.opts(options)
         self._fuser = o["ts_fuser"]
         self._scripted = None
-        self._device = _device_of(model, example_inputs)
+        self._device = torch.device(device_of(model, example_inputs)).type
         self._saved_flags = _fuser_flags()
         try:
             if self._fuser == "nnc":
@@ -176,8 +176,3 @@ class TorchScript(Mode):
             _set_fuser_flags(self._saved_flags)
             self._saved_flags = None
 
-
-def _device_of(model, example_inputs) -> str:
-    for t in list(model.parameters()) + [x for x in example_inputs if torch.is_tensor(x)]:
-        return t.device.type
-    return "cpu"

@@ -160,7 +160,7 @@ def _clock_event_reasons(handle) -> int:
 
 def collect_availability(device: str = "cpu") -> dict[str, Any]:
     """Modes and kernel impls available here, each with its reason; tolerant of either registry
-    not being importable (yet)."""
+    failing to import (a broken plugin must not cost the whole env)."""
     return {"modes": _step(lambda: _modes_availability(device)),
             "kernels": _step(lambda: _kernels_availability(device))}
 
@@ -207,7 +207,7 @@ COLLECTORS: dict[str, Callable[[], dict[str, Any]]] = {
 def collect_env(availability: bool = False, device: str = "cpu") -> dict[str, Any]:
     """The env metadata dict embedded in results documents. availability=True adds the modes and
     kernel impls table (slower: imports every mode)."""
-    from fusebench import __version__
+    from fusebench.version import __version__
 
     env: dict[str, Any] = {"fusebench": __version__}
     for name, fn in COLLECTORS.items():

@@ -1,4 +1,4 @@
-"""Results files -> pandas.DataFrame, and export to CSV / markdown.
+"""Results files -> pandas.DataFrame (exported to CSV / markdown by render/export.py).
 
     >>> import fusebench
     >>> df = fusebench.load_results(["results/a.json", "results/b.json"])
@@ -14,19 +14,17 @@ env.cpu.model, ...); "file" says which document a row came from.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from fusebench.render.escape import cell as safe_cell
 from fusebench.errors import UsageError
 from fusebench.results.document import load
 from fusebench.spec import CellSpec
 
-# Columns of the compact (markdown) export, in this order, when present.
+# Columns of the compact (markdown) export, in this order, when present (render/export.py).
 SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
                    "batch_size", "img_size", "channels_last", "dtype", "device", "status",
                    "throughput", "step_ms.median", "step_ms.iqr",
@@ -58,7 +56,7 @@ def _identity(spec: CellSpec) -> dict[str, Any]:
         row.update(impl=k.impl, shape=list(k.shape), direction=k.direction)
     row.update(channels_last=spec.channels_last, dtype=spec.dtype, device=spec.device)
     if d is not None:
-        row.update(dist=d.kind, nproc=d.nproc, nnodes=d.nnodes, node_rank=d.node_rank,
+        row.update(dist=d.strategy, nproc=d.nproc, nnodes=d.nnodes, node_rank=d.node_rank,
                    world_size=d.world_size)
     return row
 
@@ -114,43 +112,3 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     cols = [c for c in df.columns if not c.startswith("env.")] + \
            [c for c in df.columns if c.startswith("env.")]
     return df[cols]
-
-
-def _cell_text(v: Any) -> Any:
-    """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
-    if v is None or type(v) in (int, float, bool):      # the common case, first
-        return v
-    if isinstance(v, (list, tuple, dict)):
-        return safe_cell(json.dumps(v, default=str))
-    return safe_cell(v)
-
-
-def to_csv(df: pd.DataFrame) -> str:
-    # only non-numeric columns hold text, lists or dicts: numeric columns pass untouched
-    out = df.copy(deep=False)
-    for col in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
-        values = out[col].to_numpy(dtype=object)     # iterating a Series is slow
-        out[col] = pd.Series([_cell_text(v) for v in values], index=out.index, dtype=object)
-    return out.to_csv(index=False)
-
-
-def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(_cell_text(v))
-
-
-def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
-    """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
-    from fusebench.render.compare_table import markdown_table
-
-    cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
-    if df.empty or not cols:
-        return markdown_table(cols or ["(no records)"], [])
-    rows = [[_fmt(v) for v in rec] for rec in df[cols].itertuples(index=False, name=None)]
-    return markdown_table(cols, rows)
-
-
-EXPORTERS = {"csv": to_csv, "markdown": to_markdown}

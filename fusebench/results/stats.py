@@ -24,8 +24,8 @@ BIG_TABLE = 2000
 N_RESAMPLES_BIG = 500
 CONFIDENCE = 0.95
 # Smallest change we call significant even when the CI excludes 1: the bootstrap only sees noise
-# *within* a run, while separate runs (and the cells of one table, tested many at once) drift by
-# ~1-2% on a quiet machine. Below this an A/A comparison would "find" differences.
+# *within* a run, while separate runs (and the cells of one table, tested many at once) drift
+# (docs/figures.md). Below this an A/A comparison would "find" differences.
 MIN_EFFECT = 0.02
 _Z_TAILS = ndtri(np.array([(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2]))
 
@@ -270,9 +270,9 @@ def speedup_ci_processes(baseline: Sequence[Sequence[float]],
                          candidate: Sequence[Sequence[float]], *,
                          n_resamples: int = N_RESAMPLES, seed: int = SEED) -> Ratio:
     """Speedup with a CI when each side is several independent worker processes (pyperf's
-    model): on a shared machine whole processes drift by 20-75% while steps within one agree,
-    so a CI from the steps alone calls noise a regression. The statistic is the mean of the
-    per-process medians; processes and their steps are both resampled; and the smallest
+    model): on a shared machine whole processes drift (docs/figures.md) while the steps within
+    one agree, so a CI from the steps alone calls noise a regression. The statistic is the mean
+    of the per-process medians; processes and their steps are both resampled; and the smallest
     change called significant is what the processes' own spread can resolve."""
     bg = [np.asarray(g, dtype=float) for g in baseline if len(g)]
     cg = [np.asarray(g, dtype=float) for g in candidate if len(g)]

@@ -1,14 +1,10 @@
-"""Distributed cells: torchrun launch, DDP / FSDP1 / FSDP2 wrapping, one aggregated record.
+"""Distributed cells, coordinator side: validate the settings, refuse a mode x wrapper pair the
+mode declares unsupported, launch torchrun, collect the rank files into one aggregated record.
 
-Coordinator side (runner): `launch_command` starts `python -m torch.distributed.run ... -m
-fusebench.run.distributed SPEC OUT`; every rank writes OUT with a `.rankR` suffix and its pid file;
-`collect` turns the rank files into one Record with `world_size`, global samples/s and per-rank
-step medians.
-
-Rank side (this module's `main`): process group (gloo on CPU, nccl on CUDA with the LOCAL_RANK
-device) -> the ordinary model cell, which calls `RankRun.wrap` after the build. Every rank builds
-the same model from the same seed and feeds the same input, so data-parallel averaged gradients
-equal the single-process reference gradients: the correctness check of every mode still holds.
+`launch_command` starts `python -m torch.distributed.run ... -m fusebench.cell.rank_cell SPEC OUT`;
+every rank (cell/rank_cell.py) writes OUT with a `.rankR` suffix and its pid file (names in
+protocol.py); `collect` turns the rank files into one Record with `world_size`, global samples/s
+and per-rank step medians.
 """
 from __future__ import annotations
 
@@ -18,17 +14,17 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from fusebench.errors import UsageError
-from fusebench.modes.options import DIST_KINDS
+from fusebench.modes.options import DIST_STRATEGIES
+from fusebench.protocol import RANK_MODULE
 from fusebench.spec import CellSpec, Correctness, DistPart, ErrorInfo, Event, Record
 
 LOOPBACK = "127.0.0.1"   # single-node rendezvous never leaves the machine
 NONOK_ORDER = ("crashed", "oom", "timeout", "error", "mismatch", "unavailable")
 
-# The dist part of a CellSpec (kind, nproc, nnodes, node_rank, rdzv_endpoint; world_size).
+# The dist part of a CellSpec (strategy, nproc, nnodes, node_rank, rdzv_endpoint; world_size).
 DistSettings = DistPart
 
 
@@ -39,10 +35,10 @@ def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: in
     if dist is None:
         if nproc not in (None, 1) or multi_node:
             raise UsageError("--nproc/--nnodes/--node-rank/--rdzv-endpoint need --dist "
-                             f"({'|'.join(DIST_KINDS)})")
+                             f"({'|'.join(DIST_STRATEGIES)})")
         return None
-    if dist not in DIST_KINDS:
-        raise UsageError(f"--dist must be one of {', '.join(DIST_KINDS)}, got '{dist}'")
+    if dist not in DIST_STRATEGIES:
+        raise UsageError(f"--dist must be one of {', '.join(DIST_STRATEGIES)}, got '{dist}'")
     if nproc is None or nproc < 1:
         raise UsageError(f"--dist {dist} needs --nproc N (processes per node), N >= 1")
     if nnodes < 1:
@@ -61,26 +57,24 @@ def validate(dist: str | None, nproc: int | None, nnodes: int = 1, node_rank: in
     return DistSettings(dist, nproc, nnodes, node_rank, rdzv_endpoint)
 
 
-def supports(mode: str, kind: str) -> tuple[bool, str]:
-    """Whether `mode` runs under wrapper `kind`, as the mode declares (Mode.dist_unsupported).
+def supports(mode: str, strategy: str) -> tuple[bool, str]:
+    """Whether `mode` runs under wrapper `strategy`, as the mode declares (Mode.dist_unsupported).
     Checked once, by the coordinator (precheck), never again in the ranks."""
     from fusebench.modes import MODES, list_modes
     list_modes()                  # loads the built-in modes
     if mode not in MODES:         # a plugin mode not loaded in this process: let it try
         return True, ""
-    return MODES[mode].supports_dist(kind)
+    return MODES[mode].supports_dist(strategy)
 
 
 def precheck(spec: CellSpec) -> Record | None:
     """An `unavailable` record for a mode x wrapper pair known not to work (no launch needed)."""
     d = spec.dist
-    ok, reason = supports(spec.mode, d.kind) if d else (True, "")
+    ok, reason = supports(spec.mode, d.strategy) if d else (True, "")
     if ok:
         return None
     return Record(spec, "unavailable", error=ErrorInfo("Unavailable", reason))
 
-
-# --- coordinator side -------------------------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -93,7 +87,7 @@ def launch_command(d: DistSettings, spec_path: Path, out_path: Path) -> list[str
     endpoint = d.rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={d.nproc}",
             f"--nnodes={d.nnodes}", f"--node-rank={d.node_rank}", f"--rdzv-endpoint={endpoint}",
-            "--max-restarts=0", "-m", "fusebench.run.distributed", str(spec_path), str(out_path)]
+            "--max-restarts=0", "-m", RANK_MODULE, str(spec_path), str(out_path)]
 
 
 def launch_env(d: DistSettings, env: dict[str, str]) -> dict[str, str]:
@@ -103,10 +97,6 @@ def launch_env(d: DistSettings, env: dict[str, str]) -> dict[str, str]:
     # torchrun would set 1 thread per rank; split the cores instead (unless the user chose)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // d.nproc)))
     return env
-
-
-def rank_path(out_path: Path, rank: int, suffix: str = ".json") -> Path:
-    return Path(out_path).with_name(f"{Path(out_path).stem}.rank{rank}{suffix}")
 
 
 def kill_ranks(out_path: Path) -> None:
@@ -198,143 +188,3 @@ def _merge_correctness(recs: dict[int, Record]) -> Correctness | None:
                        max_rel_err_out=worst("max_rel_err_out"),
                        max_rel_err_grad=worst("max_rel_err_grad"), checked_at=first.checked_at,
                        detail="; ".join(f"rank {r}: {c.detail}" for r, c in cs.items()))
-
-
-# --- rank side --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RankEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-
-    @classmethod
-    def from_env(cls) -> "RankEnv":
-        return cls(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
-                   int(os.environ["WORLD_SIZE"]))
-
-
-def init_process_group(device_type: str, env: RankEnv) -> str:
-    """gloo on CPU, nccl on CUDA (one device per local rank). Returns the rank's device."""
-    import torch
-    import torch.distributed as dist
-    if device_type == "cuda":
-        torch.cuda.set_device(env.local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", env.local_rank))
-        return f"cuda:{env.local_rank}"
-    dist.init_process_group("gloo")
-    return "cpu"
-
-
-class RankRun:
-    """The model cell's view of the distributed run: wrap after build, gather full gradients and
-    state for the correctness check. Everything here is collective: every rank calls it."""
-
-    def __init__(self, settings: DistSettings):
-        self.settings = settings
-        self.kind = settings.kind
-        self.wrapped = None
-        self.inner = None
-
-    @classmethod
-    def from_spec(cls, spec: CellSpec) -> "RankRun | None":
-        import torch.distributed as dist
-        d = spec.dist
-        if d is None:
-            return None
-        if not dist.is_initialized():
-            raise RuntimeError("a distributed cell must run under torchrun (python -m "
-                               "fusebench.run.distributed), not python -m fusebench.cell.worker")
-        return cls(d)
-
-    def wrap(self, mode, model, example_inputs, options, events):
-        """Rewrite (modes that swap submodules must do it before the wrapper records the
-        parameters) then wrap. Returns the module to hand to mode.prepare."""
-        import torch
-        rewrite = getattr(mode, "rewrite", None)
-        if rewrite is not None:
-            model = rewrite(model, example_inputs, options, events)
-        device = next(model.parameters()).device
-        self.inner = model
-        if self.kind == "ddp":
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            self.wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        elif self.kind == "fsdp1":
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            # device_id: FSDP1 refuses CPU modules unless told the device explicitly
-            self.wrapped = FSDP(model, use_orig_params=True,
-                                device_id=device if device.type == "cuda" else torch.device("cpu"))
-        else:
-            from torch.distributed.fsdp import fully_shard
-            self.wrapped = fully_shard(model)
-        events.add("info", "distributed",
-                   f"{self.kind} over {torch.distributed.get_world_size()} ranks "
-                   f"({torch.distributed.get_backend()})")
-        return self.wrapped
-
-    def full_grads(self, model) -> dict:
-        """Unsharded parameter gradients by the unwrapped model's parameter names."""
-        if self.kind == "fsdp1":
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            with FSDP.summon_full_params(self.wrapped, with_grads=True):
-                return {n: (p.grad.detach().clone() if p.grad is not None else None)
-                        for n, p in model.named_parameters() if p.requires_grad}
-        return {n: (_full(p.grad).detach().clone() if p.grad is not None else None)
-                for n, p in model.named_parameters() if p.requires_grad}
-
-    def full_state_dict(self, model) -> dict:
-        """Unsharded state dict with the unwrapped model's names (the reference loads it)."""
-        if self.kind == "fsdp1":
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            from torch.distributed.fsdp import StateDictType
-            with FSDP.state_dict_type(self.wrapped, StateDictType.FULL_STATE_DICT):
-                state = self.wrapped.state_dict()
-        else:
-            state = model.state_dict()
-        return {k: _full(v).detach().clone() for k, v in state.items()}
-
-
-def _full(t):
-    """A DTensor (FSDP2) gathered to a plain tensor; anything else as is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _summary(rec: dict, rank: int) -> dict:
-    return {"rank": rank, "batch_size": rec["spec"]["model"]["batch_size"],
-            "median_ms": (rec.get("step_ms") or {}).get("median"),
-            "peak_mem_bytes": rec.get("peak_mem_bytes"), "host": socket.gethostname()}
-
-
-def main(argv: list[str]) -> int:
-    """One rank: `torchrun ... -m fusebench.run.distributed SPEC OUT`. Writes OUT.rankR.json."""
-    from fusebench.cell import worker
-    from fusebench.results.document import write_atomic
-
-    spec_path, out_path = Path(argv[1]), Path(argv[2])
-    env = RankEnv.from_env()
-    write_atomic(rank_path(out_path, env.rank, ".pid"), str(os.getpid()))
-    spec_dict = json.loads(spec_path.read_text())
-    device = init_process_group(spec_dict.get("device", "cpu").split(":")[0], env)
-    record = worker.run({**spec_dict, "device": device})
-    record["spec"]["device"] = spec_dict.get("device", device)   # the aggregate names the kind
-    record["extra"]["rank"] = env.rank
-    path = rank_path(out_path, env.rank)
-    write_atomic(path, json.dumps(record, allow_nan=False))
-    code = 0
-    if record["status"] == "ok":
-        # every rank got here: share per-rank figures so each node's record is global
-        import torch.distributed as dist
-        gathered: list = [None] * env.world_size
-        dist.all_gather_object(gathered, _summary(record, env.rank))
-        record["extra"]["dist_ranks"] = gathered
-        write_atomic(path, json.dumps(record, allow_nan=False))
-        dist.destroy_process_group()
-    else:
-        code = 1   # torchrun then stops the other ranks, which may wait in a collective
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)   # as the worker: skip teardown once the record is safe on disk
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,8 +1,8 @@
 """A warm parent for worker processes: it imports torch and fusebench once, then forks one fresh
 child per cell. Isolation is unchanged (each cell is still its own process, in its own session,
 forked from a parent that has only imported modules: no compile, no CUDA init, no op run), but a
-cell no longer pays `import torch` (~1.5-3 s) and the dynamo import a torch.optim optimizer
-triggers (~1-2 s).
+cell no longer pays `import torch` and the dynamo import a torch.optim optimizer triggers
+(seconds each: docs/figures.md).
 
 Protocol on the server's stdin/stdout, one JSON object per line:
   runner -> server  {"spec": path, "out": path, "stdout": path, "stderr": path, "env": {...}}

@@ -18,7 +18,7 @@ from fusebench.run import distributed
 from fusebench.run import forkserver
 from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
-from fusebench.cell.worker import PHASE_PREFIX
+from fusebench.protocol import PHASE_PREFIX
 from fusebench.results.document import record_from_worker
 
 STDERR_TAIL_LINES = 40

@@ -19,13 +19,9 @@ class FallbackWarning(UserWarning):
     """The device's native kernel could not be used; a plain-torch implementation ran instead."""
 
 
-def _device_of(device) -> str:
-    return str(device)
-
-
 def candidate(device) -> str:
     """The impl `auto` means on this device."""
-    return "triton" if _device_of(device).startswith("cuda") else "cpu"
+    return "triton" if str(device).startswith("cuda") else "cpu"
 
 
 def resolve(device, *, build: bool = True) -> tuple[str | None, str]:
@@ -33,7 +29,7 @@ def resolve(device, *, build: bool = True) -> tuple[str | None, str]:
     the cpu extension is built now (cached on disk) so a compile error shows up here."""
     name = candidate(device)
     mod = triton if name == "triton" else cpu
-    ok, reason = mod.available(_device_of(device))
+    ok, reason = mod.available(str(device))
     if ok and build and name == "cpu":
         ok, reason = cpu.build()
     return (name, "") if ok else (None, f"{name}: {reason}")

@@ -31,8 +31,8 @@ def _check(x: torch.Tensor) -> None:
 # unlike an autograd.Function around a pybind call, a custom op is something aot_autograd and
 # torch.compile can trace (fake implementations give them the output shapes and layouts), so
 # `fusebench kernel ln2d --impl cpu --mode aot,compile` measures the kernel inside the compiled
-# graph instead of failing (aot) or graph-breaking around it (compile). Cost: ~50 us more per
-# fwd+bwd call than the autograd.Function in eager (measured at a 1x4x2x2 input).
+# graph instead of failing (aot) or graph-breaking around it (compile). Cost: a little more
+# dispatch per call than an autograd.Function in eager (docs/figures.md).
 def _dense_format(x: torch.Tensor) -> torch.memory_format:
     """The layout cpu.cpp writes for x's outputs (pick_layout: NCHW first, then NHWC)."""
     if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):

@@ -1,0 +1,35 @@
+"""Shared test setup, one place: the repo root on sys.path (tests import their helpers one way,
+`from tests.helpers import ...`, `from tests.factories import ...`), the test marker for worker
+processes, and the fixtures several test files use."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("FUSEBENCH_TEST", "1")     # inherited by every worker a test starts
+
+
+def _load_plugins(monkeypatch, plugins: str) -> None:
+    monkeypatch.setenv("FUSEBENCH_PLUGINS", plugins)      # every worker the test starts
+    from fusebench.plugins import load_plugins
+    load_plugins()                                        # and this process
+
+
+@pytest.fixture
+def fault_modes(monkeypatch) -> None:
+    """The planted-fault modes of tests/assets/fault_modes.py."""
+    from tests.helpers import FAULT_PLUGIN
+    _load_plugins(monkeypatch, FAULT_PLUGIN)
+
+
+@pytest.fixture
+def all_fault_modes(monkeypatch) -> None:
+    """fault_modes plus the compile-time and repro faults of tests/assets/more_faults.py."""
+    from tests.helpers import ALL_FAULT_PLUGINS
+    _load_plugins(monkeypatch, ALL_FAULT_PLUGINS)
