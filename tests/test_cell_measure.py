@@ -12,7 +12,7 @@ from fusebench.cell import model_cell, model_check
 from fusebench.cell.model_cell import run_cell
 from fusebench.cli import app
 from fusebench.spec import CellSpec
-from tests.helpers import ASSETS, TINY, with_fault_modes
+from tests.helpers import ASSETS, TINY
 
 PROBE = f"{ASSETS / 'probe_models.py'}:threads_probe"
 
@@ -105,8 +105,7 @@ def test_float32_reference_uses_eagers_own_error_on_a_float64_sub_batch(monkeypa
     assert "sub-batch of 2" in rec.correctness.detail
 
 
-def test_float32_reference_still_catches_a_wrong_gradient(monkeypatch):
-    with_fault_modes(monkeypatch)
+def test_float32_reference_still_catches_a_wrong_gradient(monkeypatch, fault_modes):
     monkeypatch.setattr(model_check, "float64_batch", lambda device, ws, batch: batch // 2)
     rec = _run(mode="test_corrupt_after_2")
     assert rec.status == "mismatch"
