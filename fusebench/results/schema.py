@@ -82,7 +82,8 @@ class KernelPartT(TypedDict):
 
 class DistPartT(TypedDict):
     __pydantic_config__ = _STRICT  # type: ignore[misc]
-    kind: Name
+    strategy: NotRequired[Name]        # ddp | fsdp1 | fsdp2 (DistPart.from_dict also reads
+    kind: NotRequired[Name]            # the earlier name `kind`)
     nproc: Positive
     nnodes: NotRequired[Positive]
     node_rank: NotRequired[Count]

@@ -29,7 +29,8 @@ def _safe(stem: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:80]
 
 
-def _folder(out_dir: Path) -> Path:
+def out_folder(out_dir: Path) -> Path:
+    """--out as an absolute folder that exists (created if need be), or one UsageError."""
     folder = Path(out_dir).expanduser().absolute()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,7 @@ def _folder(out_dir: Path) -> Path:
 
 def claim_results_path(out_dir: Path, stem: str, text: str) -> Path:
     """An absolute path unique to this run, created holding `text`."""
-    folder = _folder(out_dir)
+    folder = out_folder(out_dir)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
         tmp = _write_temp(folder, text)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fusebench.run.output import SaveError, claim_results_path, save_error
+from fusebench.run.output import SaveError, claim_results_path, out_folder, save_error
 from fusebench.run.repro import write_repros
 from fusebench.results.document import ResultsWriter, dumps
 from fusebench.run.runner import RunOptions, run_cells
@@ -61,6 +61,8 @@ class _Writer(ResultsWriter):
 
 def _open_writer(save: bool, out: Path, stem: str, argv) -> _Writer:
     from fusebench.render.run_table import short_model
+    if save:
+        out_folder(out)        # a bad --out is a usage error before anything else runs
     writer = _Writer(None, _env(), command=list(argv or []))
     if save:   # claimed holding the empty document: a valid file from the start
         writer.path = claim_results_path(out, short_model(stem).replace(":", "-"),
