@@ -192,7 +192,8 @@ def test_bad_image_sizes(capsys, tmp_path, size):
                                               st.integers(10**6 + 1, 10**30)).map(str)),
     st.tuples(st.just("--timeout"), st.one_of(
         st.floats(max_value=0, allow_nan=False).map(repr),
-        st.sampled_from(["nan", "inf", "-inf", "0"]))),
+        st.floats(min_value=604800.5, allow_nan=False, allow_infinity=False).map(repr),
+        st.sampled_from(["nan", "inf", "-inf", "0", "1e10"]))),
     st.tuples(st.sampled_from(["--steps", "--warmup", "--seed"]), _not_int)))
 def test_zero_negative_huge_counts(capsys, tmp_path, case):
     argv, out = run_argv(tmp_path, "convnext_atto", *case)

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from fusebench.dtypes import DTYPES
+from fusebench.run.plan import check_timeout
 from fusebench.errors import UsageError, unknown_name
 from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec
@@ -104,8 +105,7 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
         raise unknown_name("dtype", [req.dtype], DTYPES)
     if req.warmup < 0 or req.steps < 1:
         raise UsageError("--warmup must be >= 0 and --steps >= 1")
-    if not (math.isfinite(req.timeout) and req.timeout > 0):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {req.timeout}")
+    check_timeout(req.timeout)
     impls = resolve_impls(req.family, req.impls)
     modes = resolve_modes(req.modes)
     shapes = apply_sweep([parse_shape(s) for s in (req.shapes or (problem.default_shape,))],

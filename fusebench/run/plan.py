@@ -104,8 +104,7 @@ def _check_settings(req: RunRequest):
         raise UsageError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got '{req.dtype}'")
     if req.amp and req.dtype != "float32":
         raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
-    if not math.isfinite(req.timeout) or req.timeout <= 0:   # nan/inf cannot be waited on
-        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {req.timeout:g}")
+    check_timeout(req.timeout)
     device = resolve_device(req.device)
     dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)
     if device == "cpu" and req.dtype == "float16":
@@ -159,3 +158,14 @@ def _counts(req: RunRequest) -> tuple[list[int], list[int | None], int, int]:
     if max(warmup, steps) > MAX_STEPS:
         raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
     return batches, sizes, warmup, steps
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0   # a week: beyond it a timeout is a typo (and 1e10 s overflows
+                                  # the platform's time_t in the waits)
+
+
+def check_timeout(timeout: float) -> None:
+    """--timeout as a UsageError up front: nan/inf/<= 0 cannot be waited on, huge values
+    overflow the waits deep inside a run."""
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise UsageError(f"--timeout must be seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout:g}")
