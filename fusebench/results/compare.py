@@ -92,17 +92,21 @@ def speedup(base: Record, cand: Record) -> float | None:
     return stats.speedup(base.step_ms.median, cand.step_ms.median) if ok else None
 
 
-def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, float]:
-    """Index of each record -> its speedup over the `baseline` variant of its cell."""
+def _vs_baseline(records: Sequence[Record], baseline: str):
+    """(index, baseline record, record) for every record whose cell has the baseline variant
+    and whose speedup over it exists."""
     index = {id(r): i for i, r in enumerate(records)}
-    out: dict[int, float] = {}
     for recs in group_cells(records).values():
         ref = next((r for r in recs if r.spec.variant() == baseline), None)
         for r in recs if ref is not None else ():
             s = speedup(ref, r)
             if s is not None:
-                out[index[id(r)]] = s
-    return out
+                yield index[id(r)], ref, r, s
+
+
+def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, float]:
+    """Index of each record -> its speedup over the `baseline` variant of its cell."""
+    return {i: s for i, _, _, s in _vs_baseline(records, baseline)}
 
 
 # --- noise: a ratio is only as good as its noisier side -----------------------------------------
@@ -140,15 +144,8 @@ def ratio_noise(base: Record, cand: Record) -> str | None:
 
 def noisy_speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, str]:
     """Index of each record whose speedup (see speedups) rests on a noisy side -> why."""
-    index = {id(r): i for i, r in enumerate(records)}
-    out: dict[int, str] = {}
-    for recs in group_cells(records).values():
-        ref = next((r for r in recs if r.spec.variant() == baseline), None)
-        for r in recs if ref is not None else ():
-            why = ratio_noise(ref, r) if speedup(ref, r) is not None else None
-            if why:
-                out[index[id(r)]] = why
-    return out
+    out = {i: ratio_noise(ref, r) for i, ref, r, _ in _vs_baseline(records, baseline)}
+    return {i: why for i, why in out.items() if why}
 
 
 # --- rows --------------------------------------------------------------------------------------
