@@ -153,9 +153,12 @@ def lines(summary: dict[str, Any]) -> list[str]:
         v = t["value"]
         shown = "—" if v is None else f"{v:.3g}"
         out.append(f"{t['verdict']:>8}  {t['name']} = {shown}  (want {t['want']})")
+    num = (lambda v: "—" if v is None else f"{v:.4g}")   # noqa: E731
     for r in summary["kernels"]:
         out.append(f"  kernel {r['impl']:<14} {r['mode']:<11} {r['dtype']:<9} {r['status']:<11} "
-                   f"step {r['step_ms']} ms  device {r['device_ms']} ms ({r['device_source']})"
+                   f"step {num(r['step_ms'])} ms ({num(r['pct_of_copy'])}% of copy)  "
+                   f"device {num(r['device_ms'])} ms ({num(r['pct_of_copy_device'])}% of copy,"
+                   f" {r['device_source'] or 'not measured'})"
                    f"{'  LAUNCH-BOUND' if r['launch_bound'] else ''}")
     return out
 

@@ -91,3 +91,18 @@ def test_summary_judges_gpu_figures(tmp_path):
 def test_summary_refuses_a_missing_folder(tmp_path, capsys):
     assert gs.main([str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_kernel_table_shows_device_time_only_for_cuda_cells():
+    from rich.console import Console
+
+    from fusebench.render.kernel_table import kernel_table
+
+    def text(recs):
+        con = Console(width=200, record=True)
+        con.print(kernel_table(recs, wide=True))
+        return con.export_text()
+    gpu = text([_gpu_kernel("triton", "float32", 91.0), _gpu_kernel("function", "float32", 40.0)])
+    assert "device ms" in gpu and "91%" in gpu
+    cpu = text([kernel_record("permute"), kernel_record("function")])
+    assert "device ms" not in cpu
