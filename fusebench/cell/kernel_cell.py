@@ -3,7 +3,9 @@
 A kernel cell is one impl x mode x shape x direction. It measures the median time (and IQR),
 effective GB/s from a bytes model, that as a % of a copy of the same tensor timed in the same
 cell, the activation bytes saved for backward, and correctness vs a float64 reference on fresh
-random inputs at the first call and again after timing."""
+random inputs at the first call and again after timing. On CUDA the timing is
+measure/cuda_timing.py's (L2-flushed step time, graph-replayed device time, launch_bound) with
+NVML energy per step."""
 from __future__ import annotations
 
 import dataclasses

@@ -2,8 +2,9 @@
 
 Two times per kernel cell, each for the kernel's step and for a copy of the same tensor:
 - step time: CUDA events around each repetition, with a cache-sized buffer written just before
-  it (the L2 flush), so no repetition finds its inputs in L2. Launch overhead is included: when
-  the host issues kernels slower than the GPU runs them, the end event waits for the host.
+  it (the L2 flush), so no repetition finds its inputs in L2. Host-inclusive: the GPU is idle
+  at the start event (the host waited for the flush), so when the host issues kernels slower
+  than the GPU runs them, the events span the host's launches.
 - device time: the step captured once in a CUDA graph and replayed (no host launches), or, when
   capture fails (a host sync, a CPU op), the sum of the step's kernel times from torch.profiler.
 
@@ -142,7 +143,10 @@ class DeviceTime:
 
 def flushed_step_ms(be, step: Callable[[], object], n: int, setup=None,
                     flush=None) -> list[float]:
-    """do_bench's loop: per repetition, (setup,) write the flush buffer, event, step, event."""
+    """do_bench's loop: per repetition, (setup,) write the flush buffer, event, step, event.
+    Unlike do_bench, the host waits for the flush before the start event: otherwise it issues
+    the step's first launches while the GPU is still flushing, and that head start hides part
+    of the launch overhead a host-inclusive time is meant to show."""
     flush = be.flush_buffer() if flush is None else flush
     starts = [be.event() for _ in range(n)]
     ends = [be.event() for _ in range(n)]
@@ -151,6 +155,7 @@ def flushed_step_ms(be, step: Callable[[], object], n: int, setup=None,
         if setup is not None:
             setup()
         flush.zero_()
+        be.synchronize()
         s.record()
         step()
         e.record()
