@@ -8,6 +8,8 @@
 # batch in every mode (cudagraphs included) plus compile reduce-overhead and fused cudagraphs;
 # NVML telemetry in the records. Then scripts/gpu_summary.py writes $OUT/summary.json and
 # prints each issue-16 target as met / missed with its number.
+# AMP: `--amp` autocasts to fp16 on CUDA; fusebench has no switch for bf16 autocast on CUDA yet,
+# so the AMP runs here are fp16 (the records say amp=true; the summary lists them).
 # Each step has its own time limit, a failing step does not stop the others, and a step that
 # would start after BUDGET seconds is skipped (said in its log line).
 set -u
