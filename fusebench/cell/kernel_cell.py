@@ -3,7 +3,9 @@
 A kernel cell is one impl x mode x shape x direction. It measures the median time (and IQR),
 effective GB/s from a bytes model, that as a % of a copy of the same tensor timed in the same
 cell, the activation bytes saved for backward, and correctness vs a float64 reference on fresh
-random inputs at the first call and again after timing."""
+random inputs at the first call and again after timing. On CUDA the timing is
+measure/cuda_timing.py's (L2-flushed step time, graph-replayed device time, launch_bound) with
+NVML energy per step."""
 from __future__ import annotations
 
 import dataclasses
@@ -249,6 +251,24 @@ def time_with_copies(step, setup, x: torch.Tensor, n: int, device: str):
     return steps, _copy_record(x, copies)
 
 
+def _timed(step, setup, x: torch.Tensor, nbytes: int, spec: CellSpec, events: EventLog):
+    """(step samples, extra figures). CPU: steps and copies alternating (time_with_copies).
+    CUDA: do_bench-style L2-flushed events plus the device time (measure/cuda_timing.py), NVML
+    telemetry around the timed steps (energy per step)."""
+    if torch.device(spec.device).type != "cuda":
+        samples, copies = time_with_copies(step, setup, x, spec.steps, spec.device)
+        gbps = nbytes / StepStats.from_samples(samples).median / 1e6
+        return samples, {"gbps": gbps, "pct_of_copy": 100.0 * gbps / copies["copy_gbps"],
+                         **copies}
+    from fusebench.measure import cuda_timing
+    from fusebench.measure.telemetry import GpuTelemetry
+    tel = GpuTelemetry(spec.device)
+    t = cuda_timing.time_kernel(cuda_timing.Backend(spec.device), step, setup,
+                                copy_fns(x)["plain"], spec.steps, around_steps=lambda: tel)
+    figures = cuda_timing.record_fields(t, nbytes, 2 * x.numel() * x.element_size(), events)
+    return t.step_ms, {**figures, **(tel.result(samples=spec.steps) or {})}
+
+
 # ------------------------------------------------------------------------------------ run_cell
 class _Unavailable(Exception):
     pass
@@ -330,16 +350,14 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         if spec.warmup:
             time_step(step, setup, spec.warmup, spec.device)
         phase("timing")
-        samples, copies = time_with_copies(step, setup, x, spec.steps, spec.device)
+        nbytes = problem.bytes_moved(shape, dtype, direction)
+        samples, figures = _timed(step, setup, x, nbytes, spec, events)
         stats = StepStats.from_samples(samples)
         noise_event(stats, events)   # same noise warning as a model cell
         act = saved_bytes(call, module, x, direction)
         after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
         mode.finish(events)
-    nbytes = problem.bytes_moved(shape, dtype, direction)
-    gbps = nbytes / stats.median / 1e6
-    extra.update(gbps=gbps, pct_of_copy=100.0 * gbps / copies["copy_gbps"], **copies,
-                 bytes=nbytes)
+    extra.update(figures, bytes=nbytes)
     passed = first.passed and after.passed
     errs_out = [c.err_out for c in (first, after) if c.err_out is not None]
     errs_grad = [c.err_grad for c in (first, after) if c.err_grad is not None]

@@ -216,4 +216,6 @@ class GpuTelemetry:
             "sm_clock_mhz_mean": mean(s.sm_mhz),
             "temp_c_max": max(s.temp_c) if s.temp_c else None,
             "throttle_events": list(s.events),
+            # every reason seen while timing, for the table and `compare --metric energy`
+            "throttle_reasons": sorted({n for e in s.events for n in e["reasons"]}),
         }

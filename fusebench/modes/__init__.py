@@ -8,7 +8,7 @@ from fusebench.modes.registry import MODES, register_mode
 
 def _load_all() -> None:
     # one file per mode; importing registers it
-    from fusebench.modes import aot, compile, eager, fused, torchscript  # noqa: F401
+    from fusebench.modes import aot, compile, cudagraphs, eager, fused, torchscript  # noqa: F401
 
 
 def list_modes(pattern: str = "*") -> list[str]:

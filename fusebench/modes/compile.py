@@ -13,6 +13,9 @@ from fusebench.modes.base import Mode
 from fusebench.modes.options import ModeOption
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# modes whose point is CUDA graphs (max-autotune also uses them on CUDA, but it autotunes on
+# CPU too, so it stays available there)
+CUDA_GRAPH_MODES = ("reduce-overhead",)
 _FALLBACK_PREFIX = "Using FallbackKernel:"
 
 
@@ -88,6 +91,9 @@ class Compile(Mode):
         backend = o["compile_backend"]
         if backend not in dynamo_backends():
             return False, f"dynamo backend '{backend}' is not registered in this torch build"
+        if o["compile_mode"] in CUDA_GRAPH_MODES and torch.device(device).type != "cuda":
+            return False, (f"compile_mode={o['compile_mode']} is CUDA graphs; on {device} "
+                           "torch.compile would silently run it without them")
         if backend == "inductor" and torch.device(device).type == "cpu" and cpp_compiler() is None:
             return False, "inductor on CPU needs a C++ compiler (g++/c++), none found on PATH"
         return True, ""

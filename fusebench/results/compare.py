@@ -64,6 +64,10 @@ METRICS: dict[str, Metric] = {
     "activation": Metric("activation", "activation memory", "MiB", False,
                          lambda r: r.activation_bytes, better="less memory",
                          worse="more memory", scale=2 ** 20, fmt="{:.1f}"),
+    # NVML energy over the timed steps per sample (per step for kernel cells); GPU cells only
+    "energy": Metric("energy", "energy per sample", "mJ", False,
+                     lambda r: r.extra.get("energy_per_sample_j"), better="less energy",
+                     worse="more energy", scale=1e-3, fmt="{:.3f}"),
     "compile_s": Metric("compile_s", "compile + first call", "s", False, lambda r: r.compile_s,
                         better="faster", worse="slower", fmt="{:.2f}"),
 }

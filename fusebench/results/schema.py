@@ -157,9 +157,22 @@ class _Measured(TypedDict):
     error: NotRequired[Optional[ErrorT]]
 
 
+class ExtraT(TypedDict, total=False):
+    """`extra` is any plain JSON; these keys, when present, have a fixed type: GPU energy and
+    clocks (measure/telemetry.py) and CUDA kernel device time (measure/cuda_timing.py)."""
+    __pydantic_config__ = ConfigDict(strict=True, extra="allow")  # type: ignore[misc]
+    energy_j: Optional[NonNeg]
+    energy_per_sample_j: Optional[NonNeg]
+    power_w_mean: Optional[NonNeg]
+    sm_clock_mhz_mean: Optional[NonNeg]
+    throttle_reasons: Optional[list[Text]]
+    device_ms: Optional[NonNeg]
+    pct_of_copy_device: Optional[NonNeg]
+
+
 class RecordV2(_Measured):
     spec: SpecT
-    extra: NotRequired[Optional[JsonObject]]
+    extra: NotRequired[Optional[Annotated[ExtraT, AfterValidator(plain_json)]]]
 
 
 class RecordV1(_Measured):

@@ -14,6 +14,8 @@ __all__ = ["available"]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_C = 4096        # one program holds all C channels of its block of positions
 TILE = 4096         # elements per program: BLOCK_C * BLOCK_HW (registers, not shared memory)
+TARGET_PROGRAMS = 2048   # backward programs enough to fill an H200-class GPU several times over
+REDUCE_BLOCK_R, REDUCE_BLOCK_C = 64, 64   # partial rows x channels per step of the reduction
 
 
 @functools.cache
@@ -64,7 +66,18 @@ def ln2d_triton_fwd(x, weight, bias, eps):
     return y, mean, rstd
 
 
+def bwd_grid(N: int, HW: int, block_hw: int) -> tuple[int, int, int]:
+    """(programs per sample, N, position blocks per program) for the backward: each program
+    takes several blocks once the sample count alone fills the GPU (TARGET_PROGRAMS), so
+    fewer partial rows are written and summed."""
+    blocks = triton_cdiv(HW, block_hw)
+    per_prog = max(1, min(blocks, triton_cdiv(blocks * N, TARGET_PROGRAMS)))
+    return triton_cdiv(blocks, per_prog), N, per_prog
+
+
 def ln2d_triton_bwd(dy, x, weight, mean, rstd):
+    """dx, dweight, dbias in two launches: ln2d_bwd_kernel (dx and per-program partial sums)
+    and ln2d_bwd_reduce_kernel (the partials summed into the weight's dtype)."""
     k = _kernels()
     x, fmt = _layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)   # dy in x's layout: same strides
@@ -72,14 +85,21 @@ def ln2d_triton_bwd(dy, x, weight, mean, rstd):
     HW = H * W
     dx = torch.empty_like(x, memory_format=fmt)
     bc, bhw = _blocks(C, HW)
-    grid = (triton_cdiv(HW, bhw), N)
-    # one (dweight, dbias) partial row pair per program, every entry written by the kernel:
-    # empty (no memset launch) and one sum for both, since at small shapes launches dominate
-    parts = torch.empty((grid[0] * N, 2, C), device=x.device, dtype=torch.float32)
+    progs, _, per_prog = bwd_grid(N, HW, bhw)
+    # every partial entry is written by the kernel: empty, no memset launch
+    parts = torch.empty((progs * N, 2, C), device=x.device, dtype=torch.float32)
+    dw = torch.empty(C, device=x.device, dtype=weight.dtype)
+    db = torch.empty_like(dw)
     if x.numel():
-        k.ln2d_bwd_kernel[grid](dy, x, weight, mean, rstd, dx, parts, C, HW, *_strides(x),
-                                BLOCK_C=bc, BLOCK_HW=bhw)
-    dw, db = parts.sum(0).to(weight.dtype).unbind(0)
+        k.ln2d_bwd_kernel[(progs, N)](dy, x, weight, mean, rstd, dx, parts, C, HW,
+                                      *_strides(x), BLOCK_C=bc, BLOCK_HW=bhw,
+                                      BLOCKS_PER_PROG=per_prog)
+        rc = min(bc, REDUCE_BLOCK_C)
+        k.ln2d_bwd_reduce_kernel[(triton_cdiv(C, rc),)](parts, dw, db, progs * N, C,
+                                                        BLOCK_R=REDUCE_BLOCK_R, BLOCK_C=rc)
+    else:
+        dw.zero_()
+        db.zero_()
     return dx, dw, db
 
 

@@ -1,0 +1,108 @@
+"""scripts/gpu_check.sh on a machine without a GPU: the script parses, and its summary builder
+(scripts/gpu_summary.py) judges every target from saved results files: CPU ones (no data) and
+GPU-like ones made by the factories (met / missed with the number)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusebench.spec import Event
+from tests.factories import kernel_record, model_record, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _summary_module():
+    spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "scripts/gpu_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_summary"] = mod          # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gs = _summary_module()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_script_parses_and_installs_itself_when_needed():
+    subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], check=True)
+    text = (ROOT / "scripts/gpu_check.sh").read_text()
+    assert "pip install -q -e . --no-deps" in text and "gpu_summary.py" in text
+    for needle in ("-m cudagraphs", "--compile-mode reduce-overhead", "--impl all",
+                   "bfloat16", "efficientnet_b3", "--channels-last", "-m all", "env"):
+        assert needle in text, needle
+
+
+def _verdicts(summary):
+    return {t["name"]: (t["verdict"], t["value"]) for t in summary["targets"]}
+
+
+def test_summary_of_a_cpu_results_file_is_no_data(tmp_path):
+    recs = [model_record("efficientnet_b3", m, seed=i) for i, m in enumerate(("eager", "fused"))]
+    recs.append(kernel_record("triton", shape=(32, 96, 56, 56), direction="fwdbwd"))
+    write_results(tmp_path / "cpu.json", recs)
+    assert gs.main([str(tmp_path), "--seconds", "12"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    v = _verdicts(s)
+    assert v["ln2d_fwdbwd_fp32_pct_of_copy"] == ("no data", None)
+    assert v["effnet_b3_modes_not_ok"] == ("no data", None)
+    assert v["check_seconds"] == ("met", 12.0)
+    assert len(s["models"]) == 2 and len(s["kernels"]) == 1
+
+
+def _gpu_kernel(impl, dtype, pct_device, launch_bound=False, mode="eager"):
+    r = kernel_record(impl, shape=(32, 96, 56, 56), direction="fwdbwd", dtype=dtype,
+                      device="cuda", mode=mode)
+    extra = {**r.extra, "device_ms": 0.1, "device_time_source": "graph_replay",
+             "pct_of_copy_device": pct_device}
+    ev = (Event("launch_bound", "cuda_timing", "step 4x device"),) if launch_bound else ()
+    return r.replace(extra=extra, events=ev)
+
+
+def test_summary_judges_gpu_figures(tmp_path):
+    speed = {"eager": 100.0, "compile": 80.0, "fused": 90.0, "cudagraphs": 70.0}
+    recs = [model_record("efficientnet_b3", m, base_ms=ms, device="cuda", seed=i,
+                         extra={"energy_per_sample_j": 0.01})
+            for i, (m, ms) in enumerate(speed.items())]
+    recs.append(model_record("efficientnet_b3", "torchscript", device="cuda", status="error"))
+    recs += [_gpu_kernel("triton", "float32", 91.0, launch_bound=True),
+             _gpu_kernel("triton", "bfloat16", 70.0)]
+    write_results(tmp_path / "run" / "r.json", recs)
+    s = gs.summarize(gs.records_under(tmp_path), seconds=400.0)
+    v = _verdicts(s)
+    assert v["ln2d_fwdbwd_fp32_pct_of_copy"] == ("met", 91.0)
+    assert v["ln2d_fwdbwd_bf16_pct_of_copy"] == ("missed", 70.0)
+    assert v["effnet_b3_modes_not_ok"] == ("missed", 1.0)
+    verdict, ratio = v["effnet_b3_fused_over_compile"]
+    assert verdict == "missed" and ratio == pytest.approx(80 / 90, rel=0.05)
+    assert v["effnet_b3_cudagraphs_over_eager"][0] == "met"
+    assert v["cells_with_energy"] == ("met", 4.0)
+    assert v["check_seconds"] == ("missed", 400.0)
+    assert s["launch_bound"] == ["triton/eager/float32"]
+    assert any(line.startswith("     met") for line in gs.lines(s))
+
+
+def test_summary_refuses_a_missing_folder(tmp_path, capsys):
+    assert gs.main([str(tmp_path / "nope")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+def test_kernel_table_shows_device_time_only_for_cuda_cells():
+    from rich.console import Console
+
+    from fusebench.render.kernel_table import kernel_table
+
+    def text(recs):
+        con = Console(width=200, record=True)
+        con.print(kernel_table(recs, wide=True))
+        return con.export_text()
+    gpu = text([_gpu_kernel("triton", "float32", 91.0), _gpu_kernel("function", "float32", 40.0)])
+    assert "device ms" in gpu and "91%" in gpu
+    cpu = text([kernel_record("permute"), kernel_record("function")])
+    assert "device ms" not in cpu
