@@ -244,3 +244,12 @@ def test_cli_refuses_a_bad_budget(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "--budget" in err[0], err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_crashed_cell_says_in_which_phase_and_keeps_its_image_size(all_fault_modes):
+    from fusebench.run.runner import run_one
+    rec = run_one(tiny_spec(mode="test_segv_compile", check=False))   # SIGSEGV in prepare
+    assert rec.status == "crashed"
+    assert rec.error.message.endswith("in compile") and rec.spec.model.img_size == 16
+    assert rec.extra["stopped"]["phase"] == "compile" and rec.compile_s is None
+    assert outcome(rec) == "crashed in compile"
