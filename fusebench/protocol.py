@@ -1,6 +1,7 @@
 """What the coordinator (run/) and the worker processes (cell/) agree on, with no code of either
-side: the modules each process starts with, the phase lines on a worker's stdout and the names of
-the files the ranks of a distributed cell write. A leaf: it imports nothing from fusebench."""
+side: the modules each process starts with, the phase and state lines on a worker's stdout and
+the names of the files the ranks of a distributed cell write. A leaf: it imports nothing from
+fusebench."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,8 @@ from pathlib import Path
 WORKER_MODULE = "fusebench.cell.worker"        # python -m WORKER_MODULE SPEC.json OUT.json
 RANK_MODULE = "fusebench.cell.rank_cell"       # torchrun ... -m RANK_MODULE SPEC.json OUT.json
 PHASE_PREFIX = "@@fusebench-phase "            # a worker's stdout line: PHASE_PREFIX + phase
+STATE_PREFIX = "@@fusebench-state "            # + a JSON object: steps done/total, a step's
+                                               # ms and ETA, or {"note": {facts}} (img_size)
 
 
 def rank_path(out_path: Path, rank: int, suffix: str = ".json") -> Path:

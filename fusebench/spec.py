@@ -150,7 +150,8 @@ class CellSpec:
     dtype: str = "float32"
     device: str = "cpu"
     warmup: int = 3
-    steps: int = 10
+    steps: int = 10                 # timed steps; with a budget, the most calibration may pick
+    budget: float | None = None     # seconds of timed steps (count calibrated); None: `steps`
     seed: int = 0
     timeout: float = 900.0
     cache_dir: str | None = None    # inductor/triton cache dir; None = worker makes a fresh one
@@ -221,7 +222,7 @@ class CellSpec:
     def cell_key(self) -> tuple:
         """Everything that defines the configuration, but not the variant (mode / impl):
         records with equal keys are compared with each other. Run-only settings (warm-up,
-        steps, seed, timeout, threads) are not part of it."""
+        steps, budget, seed, timeout, threads) are not part of it."""
         key = (self.what.key(), self.channels_last, self.dtype, self.device)
         if self.kernel is not None:
             key += (("mode", self.mode),)

@@ -10,7 +10,8 @@ extra written here: first_call_s, input_shape ([C, H, W], or one shape per arg),
 and shape of each arg, models with their own example_inputs), tflops,
 peak_mem_first_call_bytes, peak_mem_total_bytes, contention (measure/contention.py fields over
 the timed steps; gpu_other_processes on CUDA), correctness_reference (per check: reference
-dtype, tol_out, tol_grad) and GPU telemetry. The worker adds `threads`."""
+dtype, tol_out, tol_grad), GPU telemetry, timing (measure/timer.py StepCount: how many timed
+steps and why) and warmup_ms (the timed warm-up steps). The worker adds `threads`."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +24,7 @@ import torch.nn as nn
 
 from fusebench.cell.model_step import CHECK_SEED, Loss, Step, first_tensor
 from fusebench.cell.model_check import ReferenceRunner, record_correctness
+from fusebench.cell.report import Reporter
 from fusebench.dtypes import torch_dtype
 from fusebench.cell.rank_cell import RankRun
 from fusebench.measure import correctness as corr
@@ -30,7 +32,7 @@ from fusebench.measure.contention import CpuWindow, describe, gpu_other_processe
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import PeakMemory, SavedTensorBytes
 from fusebench.measure.telemetry import GpuTelemetry
-from fusebench.measure.timer import time_call, time_steps
+from fusebench.measure.timer import time_budgeted, time_call, time_steps
 from fusebench.models import inputs as model_inputs
 from fusebench.spec import CellSpec, ErrorInfo, Record, StepStats
 
@@ -69,7 +71,7 @@ class FirstCall:
 class Timed:
     samples: list[float]
     peak: int | None
-    extra: dict
+    extra: dict             # telemetry, contention, timing (how many steps and why), warmup_ms
 
 
 def _autocast(spec: CellSpec, device: torch.device) -> Callable:
@@ -79,7 +81,7 @@ def _autocast(spec: CellSpec, device: torch.device) -> Callable:
     return lambda: torch.autocast(device.type, dtype=amp_dtype)
 
 
-def _build(spec: CellSpec) -> Built:
+def _build(spec: CellSpec, phase: Reporter) -> Built:
     from fusebench.measure.flops import count_params
     from fusebench.models.source import coerce_kwargs, resolve_model
 
@@ -98,6 +100,7 @@ def _build(spec: CellSpec) -> Built:
                                    dtype, gen, fmt)
     if inputs.image_size is not None:
         spec = spec.with_model(img_size=inputs.image_size[1])   # the size actually run
+        phase.note(img_size=spec.model.img_size)   # kept if the runner has to kill the cell
     target = torch.randint(0, 1000, (batch,), generator=gen).to(device)
     # distributed: every rank uses the same seed and input, so DDP-averaged gradients equal
     # the single-process reference; eager is checked too (the wrapper is what's tested)
@@ -148,15 +151,21 @@ def _steady_result(b: Built, step: Step) -> tuple[dict, corr.StepResult]:
     return state, last
 
 
-def _warmup_and_time(step: Step, spec: CellSpec, phase: Callable[[str], None],
-                     around_timing: Callable) -> list[float]:
-    """Warm-up then the timed steps (inside `around_timing`: memory, contention, telemetry)."""
+def _warmup_and_time(step: Step, spec: CellSpec, phase: Reporter, around_timing: Callable,
+                     out: dict) -> list[float]:
+    """Warm-up then the timed steps (inside `around_timing`: memory, contention, telemetry).
+    The warm-up steps are timed too: a budget's step count is calibrated on them."""
     phase("warmup")
-    for _ in range(spec.warmup):
-        step()
+    phase.expect(spec.warmup)
+    warm = time_steps(step, spec.warmup, spec.device, on_step=phase.step) if spec.warmup else []
     phase("timing")
     with around_timing():
-        return time_steps(step, spec.steps, spec.device)
+        samples, count = time_budgeted(step, spec.device, budget_s=spec.budget,
+                                       steps=spec.steps, warm_ms=warm, on_step=phase.step,
+                                       on_total=phase.expect)
+        out["n"] = len(samples)
+    out["timing"], out["warmup_ms"] = count.to_dict(), warm
+    return samples
 
 
 @contextlib.contextmanager
@@ -168,14 +177,15 @@ def _timing_window(spec: CellSpec, mem: PeakMemory, out: dict) -> Iterator[None]
         yield
     out["peak"] = mem.peak()
     out["contention"] = window.result(threads=torch.get_num_threads())
-    out["telemetry"] = telemetry.result(samples=spec.samples_per_step * spec.steps) or {}
+    out["telemetry"] = telemetry.result(samples=spec.samples_per_step * out["n"]) or {}
 
 
-def _timed(b: Built, step: Step, mem: PeakMemory, phase, events: EventLog) -> Timed:
+def _timed(b: Built, step: Step, mem: PeakMemory, phase: Reporter, events: EventLog) -> Timed:
     measured: dict = {}
     samples = _warmup_and_time(step, b.spec, phase,
-                               lambda: _timing_window(b.spec, mem, measured))
-    extra = dict(measured["telemetry"])
+                               lambda: _timing_window(b.spec, mem, measured), measured)
+    extra = {**measured["telemetry"], "timing": measured["timing"],
+             "warmup_ms": measured["warmup_ms"]}
     contention = measured["contention"]
     if contention is not None:
         if torch.device(b.spec.device).type == "cuda":
@@ -191,9 +201,10 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     from fusebench.modes import get_mode
 
     events = EventLog()
+    phase = Reporter.of(phase)
     with events.capture_stderr(), events.capture_warnings():
         phase("build")
-        b = _build(spec)
+        b = _build(spec, phase)
         mode = get_mode(spec.mode)
         ok, reason = mode.available(b.opts, spec.device)   # dist support: checked by precheck
         if not ok:
@@ -203,6 +214,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         mem.reset()
         phase("compile")
         first = _first_call(b, mode, events, mem)
+        phase.note(first_call_s=first.seconds)     # kept if the cell is killed later
         checks = []
         if b.ref:
             phase("check")

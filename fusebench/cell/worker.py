@@ -1,8 +1,8 @@
 """Runs exactly one cell: `python -m fusebench.cell.worker SPEC.json OUT.json`.
 
-Speaks JSON only: spec in from a file, record out to a file (stdout carries phase lines for the
-progress display; anything a model prints there is ignored). Every failure it can see becomes a
-record; failures it cannot see (signal, hang) are recorded by the runner."""
+Speaks JSON only: spec in from a file, record out to a file (stdout carries phase and state
+lines for the progress display; anything a model prints there is ignored). Every failure it
+can see becomes a record; failures it cannot see (signal, hang) are recorded by the runner."""
 from __future__ import annotations
 
 import importlib
@@ -14,14 +14,11 @@ import threading
 import time
 import traceback
 
-from fusebench.protocol import PHASE_PREFIX
+from fusebench.cell.report import Reporter
 
-# spec.kind (declared by the spec's part) -> module with run_cell(spec, phase) -> Record
+# spec.kind (declared by the spec's part) -> module with run_cell(spec, phase) -> Record;
+# phase is a cell/report.py Reporter (called with a phase name, as a plain callback is)
 CELL_RUNNERS = {"model": "fusebench.cell.model_cell", "kernel": "fusebench.cell.kernel_cell"}
-
-
-def phase(name: str) -> None:
-    print(PHASE_PREFIX + name, flush=True)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -42,7 +39,7 @@ def run(spec_dict: dict) -> dict:
     try:
         load_plugins()
         module = importlib.import_module(CELL_RUNNERS[spec.kind])
-        rec = module.run_cell(spec, phase).to_dict()
+        rec = module.run_cell(spec, Reporter()).to_dict()
     except BaseException as e:  # every failure in the cell becomes its record
         if isinstance(e, KeyboardInterrupt):
             raise

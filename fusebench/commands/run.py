@@ -17,7 +17,7 @@ from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import MODEL_DTYPES
 from fusebench.modes import MODES, list_modes
 from fusebench.modes.options import DIST_STRATEGIES, ModeOption, all_options
-from fusebench.run.plan import BENCHES, RunRequest
+from fusebench.run.plan import BENCHES, DEFAULT_BUDGET_S, RunRequest
 
 Bench = choices("Bench", (*BENCHES, "both"))
 Dtype = choices("Dtype", MODEL_DTYPES)
@@ -36,8 +36,9 @@ SETTINGS = (   # --help order; the mode options follow --model-kwarg
                                                 "path/file.py:factory, or timm:NAME.")),
     _p("mode", str, "all", typer.Option("--mode", "-m", help="Modes, comma-separated, or 'all'.")),
     _p("bench", Bench, Bench("train"), typer.Option(help="train step, inference, or both.")),
-    _p("batch_size", Optional[str], None, typer.Option("--batch-size", "-b",
-                                                       help="Batch size(s): 32 or 8,16,32.")),
+    _p("batch_size", Optional[str], None, typer.Option(
+        "--batch-size", "-b", help="Batch size(s): 32 or 8,16,32. Default: 32 on CUDA; on CPU "
+                                   "the largest whose eager step fits --budget / 15.")),
     _p("img_size", Optional[str], None, typer.Option(help="Input side length(s): 224 or "
                                                           "224,288. Default: the model's.")),
     _p("channels_last", bool, False, typer.Option(
@@ -46,7 +47,11 @@ SETTINGS = (   # --help order; the mode options follow --model-kwarg
     _p("amp", bool, False, typer.Option("--amp", help="autocast (bf16 on CPU, fp16 on CUDA).")),
     _p("device", str, "auto", typer.Option(help="auto, cpu, cuda or cuda:N.")),
     _p("warmup", Optional[int], None, typer.Option(help="Warm-up steps (default 5).")),
-    _p("steps", Optional[int], None, typer.Option(help="Timed steps (default 20).")),
+    _p("steps", Optional[int], None, typer.Option(
+        help="Timed steps; a fixed count replaces the --budget calibration.")),
+    _p("budget", Optional[float], None, typer.Option(
+        help=f"Seconds of timed steps per cell; the step count is calibrated from the warm-up "
+             f"(default {DEFAULT_BUDGET_S:g}).")),
     _p("quick", bool, False, typer.Option("--quick", help="Smoke run: batch 4, 96px, 2+5 "
                                                           "steps.")),
     _p("model_kwarg", Optional[list[str]], None, typer.Option(
@@ -106,7 +111,8 @@ def request(p: dict[str, Any]) -> RunRequest:
         models=p["model"], modes=p["mode"], bench=p["bench"].value, batch_sizes=p["batch_size"],
         img_sizes=p["img_size"], channels_last=p["channels_last"], dtype=p["dtype"].value,
         amp=p["amp"], device=p["device"], warmup=p["warmup"], steps=p["steps"],
-        quick=p["quick"], seed=p["seed"], timeout=p["timeout"], check=not p["no_check"],
+        budget=p["budget"], quick=p["quick"], seed=p["seed"], timeout=p["timeout"],
+        check=not p["no_check"],
         threads=p["threads"], model_kwargs=tuple(p["model_kwarg"] or ()),
         mode_options={name: p[name] for name in MODE_OPTIONS},
         dist=p["dist"].value if p["dist"] is not None else None, nproc=p["nproc"],
@@ -120,12 +126,34 @@ def run(**params: Any) -> None:
     from fusebench.render.run_table import run_table
     from fusebench.run.session import execute
 
-    specs = plan_run(request(params))
+    req = request(params)
+    specs = plan_run(req)
     code = execute(specs, stem=params["model"].split(",")[0], out=params["out"],
                    save=not params["no_save"], json_out=params["json_out"],
                    warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
-                   argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]))
+                   argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]),
+                   prepare=lambda s: fitted(req, s))
     raise typer.Exit(code)
+
+
+def fitted(req: RunRequest, specs: list) -> tuple[list, list[dict]]:
+    """The planned cells with their CPU batch fitted to the budget where the run picks it (and
+    per cell the record's `batch_choice`), after printing the run's outline: what it will do
+    and roughly how long. Run by the session once every input check has passed."""
+    from rich.console import Console
+
+    from fusebench.run import autobatch, outline
+    from fusebench.run.plan import fits_batch, timing_budget
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    picks: list = []
+    if fits_batch(req, specs):
+        budget = timing_budget(req) or req.budget or DEFAULT_BUDGET_S
+        specs, picks = autobatch.fit_batches(specs, budget, on_probe=lambda s: err.print(
+            f"fitting the CPU batch to the budget: eager probe of {outline.short(s.model.name)}"
+            f" at batch {autobatch.PROBE_BATCH}..."))
+    for line in outline.describe(specs, picks):
+        err.print(line)
+    return specs, [{"batch_choice": c.to_dict()} for c in picks] or [{} for _ in specs]
 
 
 run.__signature__ = inspect.Signature([

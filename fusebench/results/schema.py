@@ -102,6 +102,7 @@ class SpecT(TypedDict):
     device: NotRequired[Name]
     warmup: NotRequired[Count]
     steps: NotRequired[Count]
+    budget: NotRequired[Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]]]
     seed: NotRequired[int]
     timeout: NotRequired[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
     cache_dir: NotRequired[Optional[Text]]

@@ -15,7 +15,11 @@ BENCHES = ("train", "infer")
 MAX_SIZE = 8192        # a bigger side length is a typo, not a benchmark
 MAX_BATCH = 1 << 16
 MAX_STEPS = 1_000_000  # warm-up or timed steps beyond this are a typo, not a benchmark
+MAX_BUDGET_S = 86_400.0
 QUICK = dict(batch=4, img=96, warmup=2, steps=5)
+DEFAULT_BATCH = 32        # the models' standard batch; a CPU run fits it to the budget
+DEFAULT_WARMUP = 5
+DEFAULT_BUDGET_S = 30.0   # seconds of timed steps per cell; a fixed --steps replaces it
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class RunRequest:
     device: str = "auto"
     warmup: int | None = None
     steps: int | None = None
+    budget: float | None = None         # seconds of timed steps per cell (None: the default)
     quick: bool = False
     seed: int = 0
     timeout: float = 900.0
@@ -75,6 +80,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
     mode_names = _mode_names(req)
     options = _cell_options(mode_names, req.mode_options)
     batches, sizes, warmup, steps = _counts(req)
+    budget = timing_budget(req)
     kwargs = parse_model_kwargs(req.model_kwargs)
     benches = BENCHES if req.bench == "both" else (req.bench,)
 
@@ -88,10 +94,31 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                 src.name, mode, bench=bench, batch_size=batch,
                 img_size=size,          # None: the worker uses the model's default
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
-                warmup=warmup, steps=steps, seed=req.seed, model_kwargs=tuple(sorted(
-                    kwargs.items())), mode_options=options[mode], timeout=req.timeout,
-                check=req.check, dist=dist, threads=req.threads))
+                warmup=warmup, steps=steps, budget=budget, seed=req.seed,
+                model_kwargs=tuple(sorted(kwargs.items())), mode_options=options[mode],
+                timeout=req.timeout, check=req.check, dist=dist, threads=req.threads))
     return specs
+
+
+def timing_budget(req: RunRequest) -> float | None:
+    """Seconds of timed steps per cell, or None when the count is fixed (--steps, --quick):
+    an explicit count overrides calibration."""
+    if req.budget is not None and not (math.isfinite(req.budget) and
+                                       0 < req.budget <= MAX_BUDGET_S):
+        raise UsageError(f"--budget must be seconds in (0, {MAX_BUDGET_S:g}], "
+                         f"got {req.budget:g}")
+    if req.steps is not None or req.quick:
+        return None
+    return req.budget if req.budget is not None else DEFAULT_BUDGET_S
+
+
+def fits_batch(req: RunRequest, specs: list[CellSpec]) -> bool:
+    """Whether the run picks its batch (CPU, no --batch-size, no --quick, not distributed):
+    the standard batch makes a CPU step take many seconds, so a smaller one is fitted to the
+    budget (run/autobatch.py). On CUDA the model's standard batch is kept."""
+    return (req.batch_sizes is None and not req.quick and req.dist is None and bool(specs)
+            and all(s.device == "cpu" and s.model is not None and s.dist is None
+                    for s in specs))
 
 
 def _check_settings(req: RunRequest):
@@ -143,12 +170,17 @@ def _cell_options(mode_names: list[str], given: dict) -> dict[str, tuple]:
 
 def _counts(req: RunRequest) -> tuple[list[int], list[int | None], int, int]:
     """(batch sizes, image sizes, warm-up steps, timed steps), --quick filling the defaults."""
+    from fusebench.measure import timer
     batches = (parse_int_list(req.batch_sizes, "batch size", maximum=MAX_BATCH)
-               if req.batch_sizes is not None else [QUICK["batch"] if req.quick else 32])
+               if req.batch_sizes is not None
+               else [QUICK["batch"] if req.quick else DEFAULT_BATCH])
     sizes = (parse_int_list(req.img_sizes, "image size", maximum=MAX_SIZE)
              if req.img_sizes is not None else [QUICK["img"] if req.quick else None])
-    warmup = req.warmup if req.warmup is not None else (QUICK["warmup"] if req.quick else 5)
-    steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else 20)
+    warmup = (req.warmup if req.warmup is not None
+              else QUICK["warmup"] if req.quick else DEFAULT_WARMUP)
+    # with a budget, `steps` is the most the calibration may pick
+    steps = req.steps if req.steps is not None else (QUICK["steps"] if req.quick else
+                                                     timer.MAX_STEPS)
     if warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {warmup}")
     if steps < 1:

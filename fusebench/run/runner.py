@@ -16,9 +16,9 @@ from pathlib import Path
 
 from fusebench.run import distributed
 from fusebench.run import forkserver
+from fusebench.run.progress import CellState
 from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
-from fusebench.protocol import PHASE_PREFIX
 from fusebench.results.document import record_from_worker
 
 STDERR_TAIL_LINES = 40
@@ -61,6 +61,7 @@ class _Worker:
                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                "TRITON_CACHE_DIR": str(cache / "triton")}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.state = CellState()        # the last phase/steps/samples the worker reported
         cmd = [sys.executable, "-m", "fusebench.cell.worker", str(self.spec_path), str(self.out_path)]
         self.dist = spec.dist
         if self.dist:   # torchrun starts the ranks; each writes record.rankR.json
@@ -85,9 +86,8 @@ class _Worker:
 
     def _read_stdout(self, on_phase):
         for raw in self.proc.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(PHASE_PREFIX):
-                on_phase(line[len(PHASE_PREFIX):])
+            if self.state.feed(raw.decode(errors="replace").rstrip("\n")):
+                on_phase(self.state.text())
 
     def _read_stderr(self):
         for raw in self.proc.stderr:
@@ -115,19 +115,19 @@ class _Worker:
             rc = self.proc.wait(timeout=self.spec.timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            return self._failure("timeout", None,
-                                 ErrorInfo("Timeout", f"cell exceeded --timeout "
-                                                      f"{self.spec.timeout:g} s; worker killed"))
-        finally:
-            for t in self._threads:
-                t.join(timeout=2.0)
+            self._join()    # the last state lines are read before the record is made
+            return self._failure("timeout", None, ErrorInfo(
+                "Timeout", f"cell exceeded --timeout {self.spec.timeout:g} s "
+                           f"{self.state.where()}; worker killed"))
+        self._join()
         rec = (distributed.collect(self.spec, self.out_path) if self.dist
                else record_from_worker(self.out_path, self.spec)
                if self.out_path.is_file() else None)
         if rec is not None:
             if rec.status != "ok":
+                where = {"stopped": self.state.stopped()} if rec.status in ("error", "oom") else {}
                 rec = rec.replace(extra={**rec.extra, "exit_code": rc,
-                                         "stderr_tail": self._tail()})
+                                         "stderr_tail": self._tail(), **where})
             return rec
         return self._crash(rc)
 
@@ -139,13 +139,25 @@ class _Worker:
                 msg += " (the kernel's OOM killer sends this when memory runs out)"
         else:
             msg = f"worker exited with code {rc} without a record"
-        return self._failure("crashed", rc, ErrorInfo("Crashed", msg))
+        return self._failure("crashed", rc, ErrorInfo("Crashed", f"{msg} {self.state.where()}"))
+
+    def _join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=2.0)
 
     def _failure(self, status: str, rc, err: ErrorInfo) -> Record:
-        return Record(self.spec, status, error=err, extra={
+        """A record for a worker that left none: the spec, how it ended, and from its last
+        state the image size it ran at, its first call's time and how far it got (phase,
+        steps, samples)."""
+        img, first = (self.state.facts.get(k) for k in ("img_size", "first_call_s"))
+        spec = self.spec
+        if spec.model is not None and isinstance(img, int) and not isinstance(img, bool):
+            spec = spec.with_model(img_size=img)
+        return Record(spec, status, error=err, compile_s=(
+            first if isinstance(first, (int, float)) and first >= 0 else None), extra={
             "exit_code": rc, "signal": (signal.Signals(-rc).name if isinstance(rc, int) and rc < 0
                                         and -rc in signal.Signals._value2member_map_ else None),
-            "stderr_tail": self._tail()})
+            "stderr_tail": self._tail(), "stopped": self.state.stopped()})
 
     def _tail(self) -> str:
         return "\n".join(self.stderr_tail)
@@ -187,20 +199,24 @@ def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
 
 def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptions(),
               show_progress: bool = True, console=None,
-              on_record: Callable[[Record], None] | None = None) -> list[Record]:
+              on_record: Callable[[Record], None] | None = None,
+              notes: list[dict] | None = None) -> list[Record]:
     """Run every cell in order. Each finished record is appended to `writer` at once (so an
     interrupted run keeps what finished); KeyboardInterrupt propagates after the running
-    worker's process group is killed."""
-    from fusebench.run.progress import CellProgress
+    worker's process group is killed. notes[i]: facts the coordinator adds to cell i's extra
+    (why its batch was chosen)."""
+    from fusebench.run.progress import CellProgress, outcome
     records: list[Record] = []
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):
             progress.start(i, spec.label())
             rec = run_one(spec, opts, progress.phase)
+            if notes and notes[i]:
+                rec = rec.replace(extra={**rec.extra, **notes[i]})
             records.append(rec)
             if writer is not None:
                 writer.append(rec)
             if on_record:
                 on_record(rec)
-            progress.done(rec.status)
+            progress.done(outcome(rec))
     return records

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -70,11 +71,20 @@ def _open_writer(save: bool, out: Path, stem: str, argv) -> _Writer:
     return writer
 
 
-def _run(specs, writer, opts: RunOptions) -> BaseException | None:
+# prepare(specs) -> (specs, notes): run once every input check has passed (it may start
+# workers: the CPU batch probe); notes[i] is added to the extra of cell i's record
+Prepare = Callable[[list[CellSpec]], "tuple[list[CellSpec], list[dict]]"]
+
+
+def _run(specs, writer, opts: RunOptions, prepare: Prepare | None = None
+         ) -> BaseException | None:
     """Run the cells; what stopped them early (Ctrl-C, SIGTERM, a failed save), if anything."""
     try:
         with sigterm_as_interrupt():
-            run_cells(specs, writer, opts=opts, console=Console(stderr=True))
+            notes = None
+            if prepare is not None:
+                specs, notes = prepare(specs)
+            run_cells(specs, writer, opts=opts, console=Console(stderr=True), notes=notes)
     except (KeyboardInterrupt, SaveError) as e:
         return e
     return None
@@ -82,14 +92,15 @@ def _run(specs, writer, opts: RunOptions) -> BaseException | None:
 
 def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out: bool,
             warm_cache: bool = False, retry_oom: bool = True, argv=None, table=None,
-            details=None) -> int:
+            details=None, prepare: Prepare | None = None) -> int:
     from fusebench.render.run_table import make_console, print_details, run_table
     table = table or run_table
     details = details or print_details
     # With --json, stdout carries only the document; everything for people goes to stderr.
     console = make_console(stderr=json_out)
     writer = _open_writer(save, out, stem, argv)
-    stopped = _run(specs, writer, RunOptions(warm_cache=warm_cache, retry_oom=retry_oom))
+    stopped = _run(specs, writer, RunOptions(warm_cache=warm_cache, retry_oom=retry_oom),
+                   prepare)
     path = writer.path
     if path is not None and not writer.doc["records"]:
         path.unlink(missing_ok=True)   # nothing finished: no empty document left behind

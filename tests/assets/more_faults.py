@@ -71,3 +71,20 @@ class ScaledOutput(Mode):
 
     def prepare(self, model, example_inputs, options, events):
         return lambda x: model(x) * 1.01
+
+
+@register_mode
+class HangAfterFive(Mode):
+    """Five calls run (first call, warm-up, the first timed steps), then every call hangs: a
+    cell killed by its timeout part-way through timing."""
+    name = "test_hang_after_5"
+
+    def prepare(self, model, example_inputs, options, events):
+        calls = {"n": 0}
+
+        def fn(*args):
+            calls["n"] += 1
+            if calls["n"] > 5:
+                time.sleep(3600)
+            return model(*args)
+        return fn
