@@ -25,6 +25,8 @@ DTYPES: dict[str, DtypeInfo] = {d.name: d for d in (
 )}
 
 MODEL_DTYPES = tuple(n for n, d in DTYPES.items() if d.model)
+AMP_DTYPES = ("bfloat16", "float16")     # what torch.autocast computes in
+AMP_DEFAULT = {"cpu": "bfloat16", "cuda": "float16"}   # per device type, when not chosen
 
 
 def torch_dtype(name: str):

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
+from fusebench.dtypes import DTYPES
 
 STATUSES = ("ok", "mismatch", "error", "unavailable", "crashed", "timeout", "oom")
 
@@ -29,6 +30,7 @@ class ModelPart:
     kwargs: tuple[tuple[str, Any], ...] = ()
     amp: bool = False
     check: bool = True              # correctness vs eager
+    amp_dtype: str | None = None    # autocast dtype; None: the device's default (dtypes.py)
 
     runner = "model"                # cell/worker.py CELL_RUNNERS key (class attribute)
 
@@ -42,7 +44,7 @@ class ModelPart:
 
     def key(self) -> tuple:
         return ("model", self.name, self.bench, self.batch_size, self.img_size, self.amp,
-                _freeze(dict(self.kwargs)))
+                _freeze(dict(self.kwargs))) + ((self.amp_dtype,) if self.amp_dtype else ())
 
     def variant(self, mode: str) -> str:
         return mode
@@ -166,10 +168,10 @@ class CellSpec:
     @classmethod
     def for_model(cls, name: str, mode: str, *, bench: str = "train", batch_size: int = 8,
                   img_size: int | None = None, model_kwargs=(), amp: bool = False,
-                  check: bool = True, **common) -> "CellSpec":
+                  check: bool = True, amp_dtype: str | None = None, **common) -> "CellSpec":
         kw = _pairs(model_kwargs) if isinstance(model_kwargs, dict) else tuple(model_kwargs)
-        return cls(mode=mode, model=ModelPart(name, bench, batch_size, img_size, kw, amp, check),
-                   **common)
+        return cls(mode=mode, model=ModelPart(name, bench, batch_size, img_size, kw, amp, check,
+                                              amp_dtype), **common)
 
     @classmethod
     def for_kernel(cls, family: str, impl: str, shape, mode: str = "eager", *,
@@ -245,7 +247,8 @@ class CellSpec:
             parts.append("NHWC")
         parts.append(self.dtype.replace("float", "fp").replace("bfp16", "bf16"))
         if self.model is not None and self.model.amp:
-            parts.append("amp")
+            dt = self.model.amp_dtype
+            parts.append(f"amp-{DTYPES[dt].short}" if dt in DTYPES else "amp")
         parts.append(self.device)
         if self.dist is not None:
             parts.append(f"ws{self.dist.world_size}")

@@ -61,7 +61,7 @@ def _model_rows(recs: list[Record]) -> list[dict[str, Any]]:
         x = r.extra
         rows.append({"model": r.spec.model.name, "mode": r.spec.variant(),
                      "status": r.status, "batch": r.spec.model.batch_size,
-                     "amp": r.spec.model.amp, "channels_last": r.spec.channels_last,
+                     "amp": r.spec.model.amp, "amp_dtype": r.spec.model.amp_dtype, "channels_last": r.spec.channels_last,
                      "device": r.spec.device, "throughput": r.throughput,
                      "step_ms": r.step_ms.median if r.step_ms else None,
                      "energy_per_sample_j": x.get("energy_per_sample_j"),

@@ -54,6 +54,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
         ["run", "convnext_atto", "--img-size", "16"],
         ["run", TINY, "--device", "cuda:7"],
         ["run", TINY, "--amp", "--dtype", "bfloat16"],
+        ["run", TINY, "--amp-dtype", "bfloat16", "--dtype", "bfloat16"],
+        ["run", TINY, "--amp-dtype", "float64"],
         ["run", TINY, "--ts-fuser", "bogus"],
         ["run", "no/such/file.py:f"],
         ["run", TINY, "--model-kwarg", "nonsense"],
@@ -162,3 +164,21 @@ def test_option_choices_are_the_registries_keys():
     assert values(compare.MetricChoice) == list(METRICS)
     assert values(compare.CompareFormat) == ["table", *TEXT_RENDERERS]
     assert values(plot.PlotKind) == list(PLOTS) and values(export.ExportFormat) == list(EXPORTERS)
+
+
+@pytest.mark.parametrize("amp_dtype", ["bfloat16", "float16"])
+def test_amp_dtype_reaches_autocast_and_the_record(tmp_path, monkeypatch, amp_dtype):
+    """--amp-dtype implies --amp, the model computes in that dtype, the record and label say it."""
+    from pathlib import Path
+    seen = tmp_path / "autocast.txt"
+    monkeypatch.setenv("FUSEBENCH_TEST_AUTOCAST_FILE", str(seen))
+    probe = f"{Path(__file__).parent / 'assets' / 'probe_models.py'}:autocast_probe"
+    res = runner.invoke(app, ["run", probe, "-m", "eager", *FAST, "--amp-dtype", amp_dtype,
+                              "--json", "--no-save"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)["records"][0]
+    assert rec["spec"]["model"]["amp"] is True and rec["spec"]["model"]["amp_dtype"] == amp_dtype
+    assert set(seen.read_text().split()) == {amp_dtype}
+    short = {"bfloat16": "bf16", "float16": "fp16"}[amp_dtype]
+    from fusebench.spec import CellSpec
+    assert f"amp-{short}" in CellSpec.from_dict(rec["spec"]).config_label()

@@ -14,13 +14,14 @@ from typing import Annotated, Any, Optional
 import typer
 
 from fusebench.commands import add_command, choices, guarded
-from fusebench.dtypes import MODEL_DTYPES
+from fusebench.dtypes import AMP_DTYPES, MODEL_DTYPES
 from fusebench.modes import MODES, list_modes
 from fusebench.modes.options import DIST_STRATEGIES, ModeOption, all_options
 from fusebench.run.plan import BENCHES, DEFAULT_BUDGET_S, RunRequest
 
 Bench = choices("Bench", (*BENCHES, "both"))
 Dtype = choices("Dtype", MODEL_DTYPES)
+AmpDtype = choices("AmpDtype", AMP_DTYPES)
 Dist = choices("Dist", DIST_STRATEGIES)
 MODE_OPTIONS = all_options(MODES.resolve(list_modes()))
 
@@ -45,6 +46,8 @@ SETTINGS = (   # --help order; the mode options follow --model-kwarg
         "--channels-last", help="Model and input in channels_last memory format.")),
     _p("dtype", Dtype, Dtype("float32"), typer.Option(help="Model and input dtype.")),
     _p("amp", bool, False, typer.Option("--amp", help="autocast (bf16 on CPU, fp16 on CUDA).")),
+    _p("amp_dtype", Optional[AmpDtype], None, typer.Option(
+        "--amp-dtype", help="autocast dtype (implies --amp).")),
     _p("device", str, "auto", typer.Option(help="auto, cpu, cuda or cuda:N.")),
     _p("warmup", Optional[int], None, typer.Option(help="Warm-up steps (default 5).")),
     _p("steps", Optional[int], None, typer.Option(
@@ -110,7 +113,9 @@ def request(p: dict[str, Any]) -> RunRequest:
     return RunRequest(
         models=p["model"], modes=p["mode"], bench=p["bench"].value, batch_sizes=p["batch_size"],
         img_sizes=p["img_size"], channels_last=p["channels_last"], dtype=p["dtype"].value,
-        amp=p["amp"], device=p["device"], warmup=p["warmup"], steps=p["steps"],
+        amp=p["amp"],
+        amp_dtype=p["amp_dtype"].value if p["amp_dtype"] is not None else None,
+        device=p["device"], warmup=p["warmup"], steps=p["steps"],
         budget=p["budget"], quick=p["quick"], seed=p["seed"], timeout=p["timeout"],
         check=not p["no_check"],
         threads=p["threads"], model_kwargs=tuple(p["model_kwarg"] or ()),

@@ -70,6 +70,7 @@ class ModelPartT(TypedDict):
     kwargs: NotRequired[JsonObject]
     amp: NotRequired[bool]
     check: NotRequired[bool]
+    amp_dtype: NotRequired[Optional[Name]]
 
 
 class KernelPartT(TypedDict):

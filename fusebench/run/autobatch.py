@@ -57,8 +57,8 @@ def pick(ms_per_sample: float, target_ms: float, standard: int) -> int:
 def _group(spec: CellSpec) -> tuple:
     """Cells that share one batch: the same model config in every mode."""
     m = spec.model
-    return (m.name, m.bench, m.img_size, m.amp, m.kwargs, spec.channels_last, spec.dtype,
-            spec.threads)
+    return (m.name, m.bench, m.img_size, m.amp, m.amp_dtype, m.kwargs, spec.channels_last,
+            spec.dtype, spec.threads)
 
 
 def probe_spec(spec: CellSpec) -> CellSpec:

@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from fusebench.dtypes import MODEL_DTYPES
+from fusebench.dtypes import AMP_DTYPES, MODEL_DTYPES
 from fusebench.errors import UsageError
 from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec
@@ -32,6 +32,7 @@ class RunRequest:
     channels_last: bool = False
     dtype: str = "float32"
     amp: bool = False
+    amp_dtype: str | None = None        # None: the device's autocast default
     device: str = "auto"
     warmup: int | None = None
     steps: int | None = None
@@ -93,7 +94,8 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
             specs.append(CellSpec.for_model(
                 src.name, mode, bench=bench, batch_size=batch,
                 img_size=size,          # None: the worker uses the model's default
-                channels_last=req.channels_last, dtype=req.dtype, amp=req.amp, device=device,
+                channels_last=req.channels_last, dtype=req.dtype, amp=req.amp or req.amp_dtype is not None,
+                amp_dtype=req.amp_dtype, device=device,
                 warmup=warmup, steps=steps, budget=budget, seed=req.seed,
                 model_kwargs=tuple(sorted(kwargs.items())), mode_options=options[mode],
                 timeout=req.timeout, check=req.check, dist=dist, threads=req.threads))
@@ -129,8 +131,11 @@ def _check_settings(req: RunRequest):
         raise UsageError(f"--bench must be train, infer or both, got '{req.bench}'")
     if req.dtype not in MODEL_DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(MODEL_DTYPES)}, got '{req.dtype}'")
-    if req.amp and req.dtype != "float32":
+    if (req.amp or req.amp_dtype) and req.dtype != "float32":
         raise UsageError("--amp runs a float32 model under autocast; drop --dtype or --amp")
+    if req.amp_dtype is not None and req.amp_dtype not in AMP_DTYPES:
+        raise UsageError(f"--amp-dtype must be one of {', '.join(AMP_DTYPES)}, "
+                         f"got '{req.amp_dtype}'")
     check_timeout(req.timeout)
     device = resolve_device(req.device)
     dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)

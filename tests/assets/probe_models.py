@@ -41,3 +41,23 @@ class WideMLP(nn.Module):
 
 def wide_mlp():
     return WideMLP()
+
+
+class AutocastProbe(nn.Module):
+    """Writes the dtype its linear layer computes in (autocast's choice) to
+    $FUSEBENCH_TEST_AUTOCAST_FILE."""
+    input_size = (3, 8, 8)
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        out = self.fc(x.mean((2, 3)))
+        with open(os.environ["FUSEBENCH_TEST_AUTOCAST_FILE"], "a") as f:
+            f.write(f"{str(out.dtype).replace('torch.', '')}\n")
+        return out
+
+
+def autocast_probe():
+    return AutocastProbe()
