@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.spec import (CellSpec, DistPart, ErrorInfo, KernelPart, Record,
-                            measured_from_dict, spec_from_v1)
+from fusebench.spec import (CellSpec, Correctness, DistPart, ErrorInfo, Event, KernelPart,
+                            ModelPart, Record, StepStats, measured_from_dict, spec_from_v1)
 
 SCHEMA_VERSION = 2
 SCHEMA = f"fusebench/{SCHEMA_VERSION}"
@@ -242,21 +242,43 @@ def parse_json(text: str, where: str) -> Any:
         raise UsageError(f"{where}: not valid results JSON: {e}") from None
 
 
-def _read_text(path: str | Path) -> str:
+def _read_bytes(path: str | Path) -> bytes:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such results file")
     try:
-        return p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        return p.read_bytes()
+    except OSError as e:
         raise UsageError(f"{path}: cannot read ({e.__class__.__name__})") from None
+
+
+def _decode(raw: bytes, path: str | Path) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: cannot read ({e.__class__.__name__})") from None
+
+
+def _read_text(path: str | Path) -> str:
+    return _decode(_read_bytes(path), path)
+
+
+def _exact(raw: bytes) -> dict[str, Any] | None:
+    from fusebench.results.schema import parse_exact      # pydantic: on first load
+    return parse_exact(raw)
 
 
 def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
     """Load and validate one results file; every problem is a UsageError with one clear line.
+    A current-layout file with nothing unknown in it is parsed and checked in one pass
+    (schema.parse_exact); anything else takes the slow path, which also words the errors.
     parse=False: a current-layout document is only type-checked (its records are not built;
     the caller reports what its own parsing finds, as frame.py does)."""
-    doc = parse_json(_read_text(path), str(path))
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    if doc is not None:     # exact: the Record dataclasses cannot object to anything in it
+        return doc
+    doc = parse_json(_decode(raw, path), str(path))
     if not parse and check_document(doc, str(path)) == SCHEMA_VERSION:
         return doc
     return validate(doc, str(path))
@@ -264,9 +286,66 @@ def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
 
 def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
     """The document (as written, checked) and its records, each parsed once."""
-    doc = parse_json(_read_text(path), str(path))
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    if doc is not None:
+        return doc, [record_exact(d) for d in doc["records"]]
+    doc = parse_json(_decode(raw, path), str(path))
     version = check_document(doc, str(path))
     return doc, parse_records(doc, version, str(path))
+
+
+# --- records of the fast path ---------------------------------------------------------------------
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+_DEFAULTS = {cls: _defaults(cls) for cls in (CellSpec, ModelPart, KernelPart, DistPart,
+                                             StepStats, Event, Correctness, ErrorInfo, Record)}
+
+
+def _new(cls: type, fields: dict[str, Any]) -> Any:
+    """A frozen dataclass from fields schema.parse_exact has checked, without its __init__ (a
+    frozen __init__ sets every field through object.__setattr__ and re-checks what the schema
+    did: most of the cost of 100,000 records). Defaults first: the same object __init__ builds
+    (tests/test_scale.py compares the two for every part)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(_DEFAULTS[cls])
+    obj.__dict__.update(fields)
+    return obj
+
+
+def _pairs(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(d.items())) if d else ()
+
+
+def _spec_exact(s: dict[str, Any]) -> CellSpec:
+    m, k, dist = s.get("model"), s.get("kernel"), s.get("dist")
+    if dist and "kind" in dist:     # the earlier name of `strategy` (DistPart.from_dict)
+        dist = {("strategy" if key == "kind" else key): v for key, v in dist.items()}
+    return _new(CellSpec, {
+        **s, "mode_options": _pairs(s.get("mode_options")),
+        "model": _new(ModelPart, {**m, "kwargs": _pairs(m.get("kwargs"))}) if m else None,
+        "kernel": _new(KernelPart, {**k, "shape": tuple(k["shape"])}) if k else None,
+        "dist": _new(DistPart, dist) if dist else None})
+
+
+def record_exact(d: dict[str, Any]) -> Record:
+    """Record.from_dict for a record dict of a document schema.parse_exact accepted."""
+    st, c, e = d.get("step_ms"), d.get("correctness"), d.get("error")
+    return _new(Record, {
+        "spec": _spec_exact(d["spec"]), "status": d["status"],
+        "params": d.get("params"), "gflops": d.get("gflops"), "throughput": d.get("throughput"),
+        "step_ms": _new(StepStats, {**st, "samples": tuple(st.get("samples", ()))})
+        if st is not None else None,
+        "compile_s": d.get("compile_s"), "peak_mem_bytes": d.get("peak_mem_bytes"),
+        "activation_bytes": d.get("activation_bytes"),
+        "events": tuple(_new(Event, x) for x in d.get("events", ())),
+        "correctness": _new(Correctness, {**c, "checked_at": tuple(c.get("checked_at", ()))})
+        if c is not None else None,
+        "error": _new(ErrorInfo, e) if e else None,
+        "extra": dict(d.get("extra") or {})})
 
 
 def record_from_worker(path: Path, spec: CellSpec) -> Record:
