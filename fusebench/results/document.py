@@ -285,14 +285,24 @@ def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
 
 
 def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
-    """The document (as written, checked) and its records, each parsed once."""
+    """The document's metadata (env, created, ...: everything but its records), checked, and
+    its records, each parsed once. On the fast path each record dict becomes its Record in
+    place and is dropped from the document as it goes: one copy of 100,000 records in memory."""
     raw = _read_bytes(path)
     doc = _exact(raw)
+    del raw
     if doc is not None:
-        return doc, [record_exact(d) for d in doc["records"]]
-    doc = parse_json(_decode(raw, path), str(path))
+        dicts = doc.pop("records")
+        records = []
+        for i, d in enumerate(dicts):
+            records.append(record_exact(d))
+            dicts[i] = None
+        return doc, records
+    doc = parse_json(_read_text(path), str(path))
     version = check_document(doc, str(path))
-    return doc, parse_records(doc, version, str(path))
+    records = parse_records(doc, version, str(path))
+    del doc["records"]
+    return doc, records
 
 
 # --- records of the fast path ---------------------------------------------------------------------
@@ -305,14 +315,21 @@ _DEFAULTS = {cls: _defaults(cls) for cls in (CellSpec, ModelPart, KernelPart, Di
                                              StepStats, Event, Correctness, ErrorInfo, Record)}
 
 
+_N_FIELDS = {cls: len(dataclasses.fields(cls)) for cls in _DEFAULTS}
+
+
 def _new(cls: type, fields: dict[str, Any]) -> Any:
     """A frozen dataclass from fields schema.parse_exact has checked, without its __init__ (a
     frozen __init__ sets every field through object.__setattr__ and re-checks what the schema
-    did: most of the cost of 100,000 records). Defaults first: the same object __init__ builds
+    did: most of the cost of 100,000 records). `fields` (a dict of the parsed document, named
+    only fields: the schema forbids other keys) becomes the object's own __dict__, with the
+    defaults of absent fields: the same object __init__ builds, without a copy
     (tests/test_scale.py compares the two for every part)."""
+    if len(fields) != _N_FIELDS[cls]:
+        for k, v in _DEFAULTS[cls].items():
+            fields.setdefault(k, v)
     obj = object.__new__(cls)
-    obj.__dict__.update(_DEFAULTS[cls])
-    obj.__dict__.update(fields)
+    object.__setattr__(obj, "__dict__", fields)
     return obj
 
 
@@ -322,46 +339,34 @@ def _pairs(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
 
 def _spec_exact(s: dict[str, Any]) -> CellSpec:
     m, k, dist = s.get("model"), s.get("kernel"), s.get("dist")
+    if m:
+        m["kwargs"] = _pairs(m.get("kwargs"))
+    if k:
+        k["shape"] = tuple(k["shape"])
     if dist and "kind" in dist:     # the earlier name of `strategy` (DistPart.from_dict)
         dist = {("strategy" if key == "kind" else key): v for key, v in dist.items()}
-    return _new(CellSpec, {
-        **s, "mode_options": _pairs(s.get("mode_options")),
-        "model": _new(ModelPart, {**m, "kwargs": _pairs(m.get("kwargs"))}) if m else None,
-        "kernel": _new(KernelPart, {**k, "shape": tuple(k["shape"])}) if k else None,
-        "dist": _new(DistPart, dist) if dist else None})
+    s["model"] = _new(ModelPart, m) if m else None
+    s["kernel"] = _new(KernelPart, k) if k else None
+    s["dist"] = _new(DistPart, dist) if dist else None
+    s["mode_options"] = _pairs(s.get("mode_options"))
+    return _new(CellSpec, s)
 
 
 def record_exact(d: dict[str, Any]) -> Record:
-    """Record.from_dict for a record dict of a document schema.parse_exact accepted."""
+    """Record.from_dict for a record dict of a document schema.parse_exact accepted; the dict
+    and its parts are taken over (they become the dataclasses' fields)."""
     st, c, e = d.get("step_ms"), d.get("correctness"), d.get("error")
-    return _new(Record, {
-        "spec": _spec_exact(d["spec"]), "status": d["status"],
-        "params": d.get("params"), "gflops": d.get("gflops"), "throughput": d.get("throughput"),
-        "step_ms": _new(StepStats, {**st, "samples": tuple(st.get("samples", ()))})
-        if st is not None else None,
-        "compile_s": d.get("compile_s"), "peak_mem_bytes": d.get("peak_mem_bytes"),
-        "activation_bytes": d.get("activation_bytes"),
-        "events": tuple(_new(Event, x) for x in d.get("events", ())),
-        "correctness": _new(Correctness, {**c, "checked_at": tuple(c.get("checked_at", ()))})
-        if c is not None else None,
-        "error": _new(ErrorInfo, e) if e else None,
-        "extra": dict(d.get("extra") or {})})
-
-
-def record_from_worker(path: Path, spec: CellSpec) -> Record:
-    """The record a worker wrote for `spec`; one that does not parse or validate becomes an
-    `error` record for the cell (the run goes on), never an exception in the runner."""
-    try:
-        from fusebench.results.schema import check_record
-        d = parse_json(Path(path).read_text(), str(path))
-        problem = check_record(SCHEMA_VERSION, d)
-        if problem:
-            raise UsageError(f"field {problem[0]}: {problem[1]}")
-        return read_record(SCHEMA_VERSION, d, str(path), 0)
-    except (UsageError, OSError, UnicodeDecodeError) as e:
-        why = str(e).replace(f"{path}: ", "")
-        return Record(spec, "error", error=ErrorInfo(
-            "MalformedRecord", f"the worker's record was malformed: {why}"[:500]))
+    if st is not None:
+        st["samples"] = tuple(st.get("samples", ()))
+    if c is not None:
+        c["checked_at"] = tuple(c.get("checked_at", ()))
+    d["spec"] = _spec_exact(d["spec"])
+    d["step_ms"] = _new(StepStats, st) if st is not None else None
+    d["events"] = tuple(_new(Event, x) for x in d.get("events", ()))
+    d["correctness"] = _new(Correctness, c) if c is not None else None
+    d["error"] = _new(ErrorInfo, e) if e else None
+    d["extra"] = d.get("extra") or {}
+    return _new(Record, d)
 
 
 # --- output files (export -o, plot -o) ---------------------------------------------------------
