@@ -284,6 +284,17 @@ def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
     return validate(doc, str(path))
 
 
+def load_checked(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """load(path, parse=False), and whether the document was exact (schema.parse_exact: its
+    records need no dataclass to vouch for them; otherwise the caller builds what it reads)."""
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    if doc is not None:
+        return doc, True
+    del raw
+    return load(path, parse=False), False
+
+
 def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
     """The document's metadata (env, created, ...: everything but its records), checked, and
     its records, each parsed once. On the fast path each record dict becomes its Record in
@@ -303,6 +314,22 @@ def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
     records = parse_records(doc, version, str(path))
     del doc["records"]
     return doc, records
+
+
+def record_from_worker(path: Path, spec: CellSpec) -> Record:
+    """The record a worker wrote for `spec`; one that does not parse or validate becomes an
+    `error` record for the cell (the run goes on), never an exception in the runner."""
+    try:
+        from fusebench.results.schema import check_record
+        d = parse_json(Path(path).read_text(), str(path))
+        problem = check_record(SCHEMA_VERSION, d)
+        if problem:
+            raise UsageError(f"field {problem[0]}: {problem[1]}")
+        return read_record(SCHEMA_VERSION, d, str(path), 0)
+    except (UsageError, OSError, UnicodeDecodeError) as e:
+        why = str(e).replace(f"{path}: ", "")
+        return Record(spec, "error", error=ErrorInfo(
+            "MalformedRecord", f"the worker's record was malformed: {why}"[:500]))
 
 
 # --- records of the fast path ---------------------------------------------------------------------
