@@ -145,7 +145,9 @@ def ratio_noise(base: Record, cand: Record,
         if id(r) not in memo:
             memo[id(r)] = noise_of(r)
         return memo[id(r)]
-    parts = [f"{r.spec.variant()} {w}" for r in dict.fromkeys((base, cand)) if (w := why(r))]
+    # by identity: hashing a Record hashes its whole spec, and the sides are distinct objects
+    sides = (base,) if base is cand else (base, cand)
+    parts = [f"{r.spec.variant()} {w}" for r in sides if (w := why(r))]
     return "; ".join(parts) or None
 
 

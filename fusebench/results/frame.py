@@ -110,23 +110,6 @@ def _record_row(rec: dict[str, Any], exact: bool = False) -> dict[str, Any]:
     return row
 
 
-def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Rows -> columns in first-seen order (None where a row lacks a key), in one pass: much
-    cheaper than pandas inferring a frame from 100,000 dicts."""
-    cols: dict[str, list[Any]] = {}
-    for i, row in enumerate(rows):
-        for k, v in row.items():
-            col = cols.get(k)
-            if col is None:
-                col = cols[k] = [None] * i
-            col.append(v)
-        if len(cols) != len(row):       # keys this row lacks
-            for col in cols.values():
-                if len(col) == i:
-                    col.append(None)
-    return cols
-
-
 def _env_columns(env: dict[str, Any]) -> dict[str, Any]:
     cols = _flatten(env or {}, "env.")
     devices = (env or {}).get("gpus", {}).get("devices") if isinstance(env, dict) else None
@@ -154,10 +137,10 @@ def _file_frame(p: Path) -> pd.DataFrame:
                              f"{' '.join(str(e).split())[:120]})") from None
     if not rows:
         return pd.DataFrame()
-    cols = {"file": [str(p)] * len(rows), "created": [doc.get("created")] * len(rows),
-            **_columns(rows)}
-    df = pd.DataFrame(cols)
-    env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in cols}
+    df = pd.DataFrame(rows)
+    df.insert(0, "created", doc.get("created"))
+    df.insert(0, "file", str(p))
+    env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in df.columns}
     if env:     # a list or dict in env stays one value per row (an object column)
         df = pd.concat([df, pd.DataFrame({
             k: pd.Series([v] * len(df), dtype=object if isinstance(v, (list, dict)) else None)

@@ -203,10 +203,11 @@ def speedup_cis(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
         for k in range(0, len(items), chunk):
             part = items[k:k + chunk]
             X, Y = np.stack([p[1] for p in part]), np.stack([p[2] for p in part])
-            for (i, xs, ys), r in zip(part, _bca_batch(X, Y, n_resamples, seed)):
-                out[i] = (Ratio(*map(float, r), BootDist(xs, ys, n_resamples, seed))
-                          if np.isfinite(r).all() else speedup_ci(xs, ys, n_resamples=n_resamples,
-                                                                  seed=seed))
+            res = _bca_batch(X, Y, n_resamples, seed)
+            finite = np.isfinite(res).all(axis=1).tolist()      # one call per chunk, not cell
+            for (i, xs, ys), r, ok in zip(part, res.tolist(), finite):
+                out[i] = (Ratio(*r, BootDist(xs, ys, n_resamples, seed)) if ok
+                          else speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed))
     return out  # type: ignore[return-value]
 
 
