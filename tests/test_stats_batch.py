@@ -29,3 +29,18 @@ def test_big_tables_use_fewer_resamples_and_stay_calibrated():
     assert covered > 0.9, covered
     g = stats.geomean_ratio(rs)
     assert g.low <= 1.0 <= g.high
+
+
+def test_geomean_of_many_cells_equals_the_cell_by_cell_sum():
+    """The geometric mean regenerates cells' distributions in chunks (stats._sum_of_logs):
+    the same interval as adding each cell's rotated distribution one at a time."""
+    pairs = [(samples(100, seed=i, n=40 if i % 3 else 15), samples(90, seed=i + 7))
+             for i in range(30)]
+    rs = stats.speedup_cis(pairs)
+    logs = np.zeros(len(rs[0].dist))
+    for r in rs:
+        logs += np.log(np.asarray(r.dist, dtype=float))
+    assert stats._sum_of_logs([r.dist for r in rs], chunk=4) == pytest.approx(logs, rel=1e-12)
+    mixed = [r.dist for r in rs[:5]] + [np.full(len(rs[0].dist), 1.5)]
+    expect = sum(np.log(np.asarray(d, dtype=float)) for d in mixed)
+    assert stats._sum_of_logs(mixed) == pytest.approx(expect, rel=1e-12)

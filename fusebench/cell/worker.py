@@ -22,11 +22,8 @@ CELL_RUNNERS = {"model": "fusebench.cell.model_cell", "kernel": "fusebench.cell.
 
 
 def _is_oom(exc: BaseException) -> bool:
-    import torch
-    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return True
-    msg = str(exc)
-    return "out of memory" in msg.lower() and "illegal" not in msg.lower()
+    from fusebench.cell.oom import is_oom   # the table of CPU and CUDA OOM messages
+    return is_oom(exc)
 
 
 def run(spec_dict: dict) -> dict:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fusebench.commands import add_command, choices, guarded
-from fusebench.render.compare_table import TEXT_RENDERERS
+from fusebench.render.compare_table import TABLE_MAX_ROWS, TEXT_RENDERERS
 from fusebench.results.compare import METRICS
 
 
@@ -36,6 +36,11 @@ def compare(
     wide: Annotated[bool, typer.Option(
         "--wide", help="Every column, even wider than the terminal (default: the columns "
                        "that fit, numbers never cut).")] = False,
+    max_rows: Annotated[int, typer.Option(
+        "--max-rows", metavar="N", min=0,
+        help="The table shows at most N rows (whole cells), then says how many more there "
+             "are; 0: every row. csv, markdown and json always have every row.")] =
+        TABLE_MAX_ROWS,
 ) -> None:
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
     from fusebench.results.compare import compare_files
@@ -49,7 +54,7 @@ def compare(
     for w in cmp.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
     if fmt.value == "table":
-        render_table(cmp, Console(), wide)
+        render_table(cmp, Console(), wide, max_rows)
     else:
         sys.stdout.write(TEXT_RENDERERS[fmt.value](cmp))
     if not cmp.rows:

@@ -157,17 +157,55 @@ def _table_row(cmp: Comparison, r: Row, mark: str | None, runs: dict[str, str]) 
     return cells
 
 
-def comparison_table(cmp: Comparison, wide: bool = False) -> FitTable:
-    """The compare table (a FitTable: it fits the console it is printed on)."""
+# A terminal table past a few hundred rows is read by no one, and rich lays out every cell
+# (~1.5 ms a row here: 100,000 rows took minutes). Bigger comparisons show their first rows,
+# whole groups, and say how to get the rest; csv, markdown and json always have every row.
+TABLE_MAX_ROWS = 500
+
+
+def shown_rows(cmp: Comparison, max_rows: int | None = TABLE_MAX_ROWS) -> int:
+    """How many of cmp.rows the table shows: all, or the groups that fit in max_rows (at least
+    the first group). max_rows None or 0: all."""
+    n = len(cmp.rows)
+    if not max_rows or n <= max_rows:
+        return n
+    cut = max_rows
+    while cut > 0 and cmp.rows[cut].group == cmp.rows[cut - 1].group:
+        cut -= 1        # never split a group: its rows are compared with each other
+    if cut == 0:        # one group bigger than the cap: show that group whole
+        cut = next((i for i in range(1, n) if cmp.rows[i].group != cmp.rows[0].group), n)
+    return cut
+
+
+def more_rows_line(cmp: Comparison, shown: int) -> str | None:
+    """'... 99,500 more rows (49,750 cells) not shown: ...', or None when all are shown."""
+    rest = cmp.rows[shown:]
+    if not rest:
+        return None
+    groups = len({r.group for r in rest})
+    what = "cells" if cmp.kind == "modes" else "cell/mode pairs"
+    return (f"... {len(rest):,} more rows ({groups:,} {what}) not shown; the geometric mean "
+            f"counts them all. Every row: --max-rows 0, --format csv|json|markdown, or "
+            f"`fusebench export`")
+
+
+def comparison_table(cmp: Comparison, wide: bool = False,
+                     max_rows: int | None = TABLE_MAX_ROWS) -> FitTable:
+    """The compare table (a FitTable: it fits the console it is printed on); at most max_rows
+    rows (shown_rows), then a line saying how many more there are."""
     runs = short_labels([r.run for r in cmp.rows]) if cmp.kind == "runs" else {}
     title, same = _title(cmp)
     keep = [i for i, h in enumerate(_headers(cmp)) if h not in same]
     cols = _columns(cmp, runs)
-    t = FitTable([cols[i] for i in keep], title=title, caption=_caption(cmp, runs), wide=wide)
+    shown = shown_rows(cmp, max_rows)
+    more = more_rows_line(cmp, shown)   # in the caption: a cell would widen its column
+    caption = "\n".join(x for x in ([f"[yellow]{escape(more)}[/]"] if more else [])
+                         + [_caption(cmp, runs) or ""] if x)
+    t = FitTable([cols[i] for i in keep], title=title, caption=caption or None, wide=wide)
     marks = _best_worst(cmp)
-    for i, r in enumerate(cmp.rows):
+    for i, r in enumerate(cmp.rows[:shown]):
         cells = _table_row(cmp, r, marks.get(i), runs)
-        last_of_group = i + 1 < len(cmp.rows) and cmp.rows[i + 1].group != r.group
+        last_of_group = i + 1 < shown and cmp.rows[i + 1].group != r.group
         t.add_row(*[cells[j] for j in keep], end_section=last_of_group)
     t.add_section()
     for g in cmp.geomean:
@@ -180,8 +218,9 @@ def comparison_table(cmp: Comparison, wide: bool = False) -> FitTable:
     return t
 
 
-def render_table(cmp: Comparison, console: Console, wide: bool = False) -> None:
-    console.print(comparison_table(cmp, wide), crop=False)   # --wide may pass the edge
+def render_table(cmp: Comparison, console: Console, wide: bool = False,
+                 max_rows: int | None = TABLE_MAX_ROWS) -> None:
+    console.print(comparison_table(cmp, wide, max_rows), crop=False)  # --wide may pass the edge
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -12,13 +12,34 @@ from fusebench.render.escape import cell as safe_cell
 from fusebench.results.frame import SUMMARY_COLUMNS
 
 
+# ensure_ascii (the default) writes every control character as \uXXXX, and the text starts
+# with [ or {, never a formula: JSON of a list or dict is already a safe cell
+_JSON = json.JSONEncoder(default=str)
+
+
 def _cell_text(v: Any) -> Any:
     """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
     if v is None or type(v) in (int, float, bool):      # the common case, first
         return v
     if isinstance(v, (list, tuple, dict)):
-        return safe_cell(json.dumps(v, default=str))
+        return _JSON.encode(v)
     return safe_cell(v)
+
+
+def _column_text(values) -> list[Any]:
+    """_cell_text of every value; each distinct string is made safe once (env columns repeat
+    one value 100,000 times, names and modes a few)."""
+    done: dict[str, Any] = {}
+    out = []
+    for v in values:
+        if type(v) is str:
+            t = done.get(v)
+            if t is None:
+                t = done[v] = safe_cell(v)
+            out.append(t)
+        else:
+            out.append(_cell_text(v))
+    return out
 
 
 def to_csv(df: pd.DataFrame) -> str:
@@ -26,7 +47,7 @@ def to_csv(df: pd.DataFrame) -> str:
     out = df.copy(deep=False)
     for col in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
         values = out[col].to_numpy(dtype=object)     # iterating a Series is slow
-        out[col] = pd.Series([_cell_text(v) for v in values], index=out.index, dtype=object)
+        out[col] = pd.Series(_column_text(values), index=out.index, dtype=object)
     return out.to_csv(index=False)
 
 

@@ -139,10 +139,19 @@ def _busy(fields: Any) -> str | None:
         return None
 
 
-def ratio_noise(base: Record, cand: Record) -> str | None:
-    """'eager IQR/median 23%' for each noisy side of base vs cand, or None."""
-    parts = [f"{r.spec.variant()} {why}" for r in dict.fromkeys((base, cand))
-             if (why := noise_of(r))]
+def ratio_noise(base: Record, cand: Record,
+                memo: dict[int, str | None] | None = None) -> str | None:
+    """'eager IQR/median 23%' for each noisy side of base vs cand, or None. memo: id(record)
+    -> its noise_of, for a caller that asks about one baseline for many candidates."""
+    def why(r: Record) -> str | None:
+        if memo is None:
+            return noise_of(r)
+        if id(r) not in memo:
+            memo[id(r)] = noise_of(r)
+        return memo[id(r)]
+    # by identity: hashing a Record hashes its whole spec, and the sides are distinct objects
+    sides = (base,) if base is cand else (base, cand)
+    parts = [f"{r.spec.variant()} {w}" for r in sides if (w := why(r))]
     return "; ".join(parts) or None
 
 
@@ -248,6 +257,7 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
 def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
                   fail_pct: float | None) -> None:
     """Fill row.ratio/verdict/regression for every (row, base, cand) whose sides both ran."""
+    noise: dict[int, str | None] = {}   # each record's noise once: a baseline serves many rows
     for (row, base, cand), ratio in zip(pending,
                                         _ratios(metric, [(b, c) for _, b, c in pending])):
         row.ratio = ratio
@@ -256,7 +266,7 @@ def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
             continue
         row.verdict = stats.describe(ratio, metric.better, metric.worse)
         if metric.samples(cand):
-            row.noise = ratio_noise(base, cand)
+            row.noise = ratio_noise(base, cand, noise)
         if fail_pct is not None:
             worse = ratio.gain < 1.0 and ratio.significant
             row.regression = worse and stats.loss_pct(ratio) > fail_pct

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.spec import (CellSpec, DistPart, ErrorInfo, KernelPart, Record,
-                            measured_from_dict, spec_from_v1)
+from fusebench.spec import (CellSpec, Correctness, DistPart, ErrorInfo, Event, KernelPart,
+                            ModelPart, Record, StepStats, measured_from_dict, spec_from_v1)
 
 SCHEMA_VERSION = 2
 SCHEMA = f"fusebench/{SCHEMA_VERSION}"
@@ -242,31 +242,78 @@ def parse_json(text: str, where: str) -> Any:
         raise UsageError(f"{where}: not valid results JSON: {e}") from None
 
 
-def _read_text(path: str | Path) -> str:
+def _read_bytes(path: str | Path) -> bytes:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such results file")
     try:
-        return p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        return p.read_bytes()
+    except OSError as e:
         raise UsageError(f"{path}: cannot read ({e.__class__.__name__})") from None
+
+
+def _decode(raw: bytes, path: str | Path) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: cannot read ({e.__class__.__name__})") from None
+
+
+def _read_text(path: str | Path) -> str:
+    return _decode(_read_bytes(path), path)
+
+
+def _exact(raw: bytes) -> dict[str, Any] | None:
+    from fusebench.results.schema import parse_exact      # pydantic: on first load
+    return parse_exact(raw)
 
 
 def load(path: str | Path, parse: bool = True) -> dict[str, Any]:
     """Load and validate one results file; every problem is a UsageError with one clear line.
+    A current-layout file with nothing unknown in it is parsed and checked in one pass
+    (schema.parse_exact); anything else takes the slow path, which also words the errors.
     parse=False: a current-layout document is only type-checked (its records are not built;
     the caller reports what its own parsing finds, as frame.py does)."""
-    doc = parse_json(_read_text(path), str(path))
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    if doc is not None:     # exact: the Record dataclasses cannot object to anything in it
+        return doc
+    doc = parse_json(_decode(raw, path), str(path))
     if not parse and check_document(doc, str(path)) == SCHEMA_VERSION:
         return doc
     return validate(doc, str(path))
 
 
+def load_checked(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """load(path, parse=False), and whether the document was exact (schema.parse_exact: its
+    records need no dataclass to vouch for them; otherwise the caller builds what it reads)."""
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    if doc is not None:
+        return doc, True
+    del raw
+    return load(path, parse=False), False
+
+
 def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
-    """The document (as written, checked) and its records, each parsed once."""
+    """The document's metadata (env, created, ...: everything but its records), checked, and
+    its records, each parsed once. On the fast path each record dict becomes its Record in
+    place and is dropped from the document as it goes: one copy of 100,000 records in memory."""
+    raw = _read_bytes(path)
+    doc = _exact(raw)
+    del raw
+    if doc is not None:
+        dicts = doc.pop("records")
+        records = []
+        for i, d in enumerate(dicts):
+            records.append(record_exact(d))
+            dicts[i] = None
+        return doc, records
     doc = parse_json(_read_text(path), str(path))
     version = check_document(doc, str(path))
-    return doc, parse_records(doc, version, str(path))
+    records = parse_records(doc, version, str(path))
+    del doc["records"]
+    return doc, records
 
 
 def record_from_worker(path: Path, spec: CellSpec) -> Record:
@@ -283,6 +330,70 @@ def record_from_worker(path: Path, spec: CellSpec) -> Record:
         why = str(e).replace(f"{path}: ", "")
         return Record(spec, "error", error=ErrorInfo(
             "MalformedRecord", f"the worker's record was malformed: {why}"[:500]))
+
+
+# --- records of the fast path ---------------------------------------------------------------------
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+_DEFAULTS = {cls: _defaults(cls) for cls in (CellSpec, ModelPart, KernelPart, DistPart,
+                                             StepStats, Event, Correctness, ErrorInfo, Record)}
+
+
+_N_FIELDS = {cls: len(dataclasses.fields(cls)) for cls in _DEFAULTS}
+
+
+def _new(cls: type, fields: dict[str, Any]) -> Any:
+    """A frozen dataclass from fields schema.parse_exact has checked, without its __init__ (a
+    frozen __init__ sets every field through object.__setattr__ and re-checks what the schema
+    did: most of the cost of 100,000 records). `fields` (a dict of the parsed document, named
+    only fields: the schema forbids other keys) becomes the object's own __dict__, with the
+    defaults of absent fields: the same object __init__ builds, without a copy
+    (tests/test_scale.py compares the two for every part)."""
+    if len(fields) != _N_FIELDS[cls]:
+        for k, v in _DEFAULTS[cls].items():
+            fields.setdefault(k, v)
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "__dict__", fields)
+    return obj
+
+
+def _pairs(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(d.items())) if d else ()
+
+
+def _spec_exact(s: dict[str, Any]) -> CellSpec:
+    m, k, dist = s.get("model"), s.get("kernel"), s.get("dist")
+    if m:
+        m["kwargs"] = _pairs(m.get("kwargs"))
+    if k:
+        k["shape"] = tuple(k["shape"])
+    if dist and "kind" in dist:     # the earlier name of `strategy` (DistPart.from_dict)
+        dist = {("strategy" if key == "kind" else key): v for key, v in dist.items()}
+    s["model"] = _new(ModelPart, m) if m else None
+    s["kernel"] = _new(KernelPart, k) if k else None
+    s["dist"] = _new(DistPart, dist) if dist else None
+    s["mode_options"] = _pairs(s.get("mode_options"))
+    return _new(CellSpec, s)
+
+
+def record_exact(d: dict[str, Any]) -> Record:
+    """Record.from_dict for a record dict of a document schema.parse_exact accepted; the dict
+    and its parts are taken over (they become the dataclasses' fields)."""
+    st, c, e = d.get("step_ms"), d.get("correctness"), d.get("error")
+    if st is not None:
+        st["samples"] = tuple(st.get("samples", ()))
+    if c is not None:
+        c["checked_at"] = tuple(c.get("checked_at", ()))
+    d["spec"] = _spec_exact(d["spec"])
+    d["step_ms"] = _new(StepStats, st) if st is not None else None
+    d["events"] = tuple(_new(Event, x) for x in d.get("events", ()))
+    d["correctness"] = _new(Correctness, c) if c is not None else None
+    d["error"] = _new(ErrorInfo, e) if e else None
+    d["extra"] = d.get("extra") or {}
+    return _new(Record, d)
 
 
 # --- output files (export -o, plot -o) ---------------------------------------------------------

@@ -14,6 +14,7 @@ env.cpu.model, ...); "file" says which document a row came from.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ from typing import Any
 import pandas as pd
 
 from fusebench.errors import UsageError
-from fusebench.results.document import load
-from fusebench.spec import CellSpec
+from fusebench.results.document import load_checked
+from fusebench.spec import PARTS, CellSpec
 
 # Columns of the compact (markdown) export, in this order, when present (render/export.py).
 SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
@@ -61,14 +62,46 @@ def _identity(spec: CellSpec) -> dict[str, Any]:
     return row
 
 
-def _record_row(rec: dict[str, Any]) -> dict[str, Any]:
-    """One current-layout record dict -> one flat row."""
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+_DEFAULTS = {"spec": _defaults(CellSpec), **{k: _defaults(c) for k, c in PARTS.items()}}
+
+
+def _identity_exact(spec: dict[str, Any]) -> dict[str, Any]:
+    """_identity of a spec dict of an exact document (schema.parse_exact: one part, known keys,
+    right types), read from the dict: no CellSpec per row (100,000 rows)."""
+    m, k, d = spec.get("model"), spec.get("kernel"), spec.get("dist")
+    dm, dk, dd, ds = (_DEFAULTS[x] for x in ("model", "kernel", "dist", "spec"))
+    row: dict[str, Any] = {"model": m["name"]} if m else {"family": k["family"]}
+    row["mode"] = spec["mode"]
+    if m:
+        row.update(bench=m.get("bench", dm["bench"]),
+                   batch_size=m.get("batch_size", dm["batch_size"]),
+                   img_size=m.get("img_size", dm["img_size"]))
+    else:
+        row.update(impl=k["impl"], shape=list(k["shape"]),
+                   direction=k.get("direction", dk["direction"]))
+    row.update(channels_last=spec.get("channels_last", ds["channels_last"]),
+               dtype=spec.get("dtype", ds["dtype"]), device=spec.get("device", ds["device"]))
+    if d:
+        nproc, nnodes = d["nproc"], d.get("nnodes", dd["nnodes"])
+        row.update(dist=d.get("strategy", d.get("kind")), nproc=nproc, nnodes=nnodes,
+                   node_rank=d.get("node_rank", dd["node_rank"]), world_size=nproc * nnodes)
+    return row
+
+
+def _record_row(rec: dict[str, Any], exact: bool = False) -> dict[str, Any]:
+    """One current-layout record dict -> one flat row. exact: the document passed
+    schema.parse_exact, so the spec needs no CellSpec to vouch for it."""
     rec = dict(rec)
     events = rec.pop("events", None) or []
     spec = rec.pop("spec")
     extra = rec.pop("extra", None) or {}
-    row = {**_identity(CellSpec.from_dict(spec)), **_flatten(rec), **_flatten(extra),
-           "spec": spec}
+    ident = _identity_exact(spec) if exact else _identity(CellSpec.from_dict(spec))
+    row = {**ident, **_flatten(rec), **_flatten(extra), "spec": spec}
     for k in ("step_ms", "correctness", "error"):
         if rec.get(k) is None:   # keep absent sub-objects from vanishing as one None column
             row.pop(k, None)
@@ -92,22 +125,35 @@ def _paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+def _file_frame(p: Path) -> pd.DataFrame:
+    """One file's rows; its env columns are constants, added once, not copied per row."""
+    doc, exact = load_checked(p)     # type-checked; specs are parsed once, below
+    rows = []
+    for i, rec in enumerate(doc["records"]):
+        try:
+            rows.append(_record_row(rec, exact))
+        except (TypeError, ValueError, KeyError) as e:   # what only the dataclasses check
+            raise UsageError(f"{p}: record {i} is malformed ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:120]})") from None
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    df.insert(0, "created", doc.get("created"))
+    df.insert(0, "file", str(p))
+    env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in df.columns}
+    if env:     # a list or dict in env stays one value per row (an object column)
+        df = pd.concat([df, pd.DataFrame({
+            k: pd.Series([v] * len(df), dtype=object if isinstance(v, (list, dict)) else None)
+            for k, v in env.items()})], axis=1)
+    return df
+
+
 def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """One row per record of every file; see the module docstring for the columns."""
-    rows = []
-    for p in _paths(paths):
-        doc = load(p, parse=False)     # type-checked; specs are parsed once, below
-        env = _env_columns(doc.get("env") or {})
-        base = {"file": str(p), "created": doc.get("created")}
-        for i, rec in enumerate(doc["records"]):
-            try:
-                rows.append({**base, **_record_row(rec), **env})
-            except (TypeError, ValueError, KeyError) as e:   # what only the dataclasses check
-                raise UsageError(f"{p}: record {i} is malformed ({type(e).__name__}: "
-                                 f"{' '.join(str(e).split())[:120]})") from None
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
+    frames = [f for f in (_file_frame(p) for p in _paths(paths)) if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False)
     # record columns first, env columns last, in first-seen order
     cols = [c for c in df.columns if not c.startswith("env.")] + \
            [c for c in df.columns if c.startswith("env.")]

@@ -49,20 +49,23 @@ def plain_json(v: Any) -> Any:
 
 
 def _non_negative(xs: list[float]) -> list[float]:
-    # one min() instead of a constraint per sample: 100,000 records x 40 samples add up
-    if xs and not (min(xs) >= 0 and max(xs) < math.inf):
+    # one min() and one sum() instead of a constraint per sample: 100,000 records x 40 samples
+    # add up (a NaN, which the fast path's parser lets through, makes the sum NaN)
+    if xs and not (min(xs) >= 0 and math.isfinite(sum(xs))):
         raise ValueError("samples must be finite and >= 0")
     return xs
 
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(plain_json)]
 Samples = Annotated[list[float], AfterValidator(_non_negative)]
-# TypedDicts, not models: pydantic only checks, it builds nothing (twice as fast on big files)
+# TypedDicts, not models: pydantic only checks, it builds nothing (twice as fast on big files).
+# No TypedDict carries its own config: the adapter's config (strict; extra keys ignored or, for
+# the fast document path, forbidden) reaches every nesting level.
 _STRICT = ConfigDict(strict=True)
+_EXACT = ConfigDict(strict=True, extra="forbid")
 
 
 class ModelPartT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     name: Name
     bench: NotRequired[Name]
     batch_size: NotRequired[Positive]
@@ -74,7 +77,6 @@ class ModelPartT(TypedDict):
 
 
 class KernelPartT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     family: Name
     impl: Name
     shape: Shape
@@ -82,7 +84,6 @@ class KernelPartT(TypedDict):
 
 
 class DistPartT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     strategy: NotRequired[Name]        # ddp | fsdp1 | fsdp2 (DistPart.from_dict also reads
     kind: NotRequired[Name]            # the earlier name `kind`)
     nproc: Positive
@@ -92,7 +93,6 @@ class DistPartT(TypedDict):
 
 
 class SpecT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     mode: Name
     model: NotRequired[Optional[ModelPartT]]
     kernel: NotRequired[Optional[KernelPartT]]
@@ -110,8 +110,19 @@ class SpecT(TypedDict):
     threads: NotRequired[Optional[Positive]]
 
 
+def _one_part(spec: dict[str, Any]) -> dict[str, Any]:
+    """What CellSpec.__post_init__ refuses, refused here as a field error of the spec."""
+    if (spec.get("model") is None) == (spec.get("kernel") is None):
+        raise ValueError("a spec has exactly one of a model part and a kernel part")
+    if spec.get("dist") is not None and spec.get("model") is None:
+        raise ValueError("only model cells run distributed")
+    return spec
+
+
+Spec = Annotated[SpecT, AfterValidator(_one_part)]
+
+
 class StepStatsT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     median: NonNeg
     iqr: NonNeg
     p10: NonNeg
@@ -121,7 +132,6 @@ class StepStatsT(TypedDict):
 
 
 class EventT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     kind: Text
     source: Text
     message: Text
@@ -129,7 +139,6 @@ class EventT(TypedDict):
 
 
 class CorrectnessT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     passed: bool
     max_rel_err_out: NotRequired[Optional[NonNeg]]
     max_rel_err_grad: NotRequired[Optional[NonNeg]]
@@ -138,14 +147,12 @@ class CorrectnessT(TypedDict):
 
 
 class ErrorT(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     type: Text
     message: Text
 
 
 class _Measured(TypedDict):
     """status and the measured fields: the same in every schema version."""
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     status: Status
     params: NotRequired[Optional[Count]]
     gflops: NotRequired[Optional[NonNeg]]
@@ -173,7 +180,7 @@ class ExtraT(TypedDict, total=False):
 
 
 class RecordV2(_Measured):
-    spec: SpecT
+    spec: Spec
     extra: NotRequired[Optional[Annotated[ExtraT, AfterValidator(plain_json)]]]
 
 
@@ -199,9 +206,34 @@ class RecordV1(_Measured):
     node_rank: NotRequired[Optional[Count]]
 
 
+class DocumentV2(TypedDict):
+    """A whole fusebench/2 document as written by results/document.py (ResultsWriter). A new
+    document key needs its entry here, or such files take the slow path (tests/test_scale.py)."""
+    __pydantic_config__ = _EXACT  # type: ignore[misc]   # every level below inherits it
+    schema: Literal["fusebench/2"]
+    created: NotRequired[Optional[Text]]
+    command: NotRequired[list[Text]]
+    env: NotRequired[JsonObject]
+    records: list[RecordV2]
+
+
 # one adapter per version, built once: validating the whole list is one call into pydantic-core
-_ADAPTERS = {1: TypeAdapter(list[RecordV1]), 2: TypeAdapter(list[RecordV2])}
-ONE = {1: TypeAdapter(RecordV1), 2: TypeAdapter(RecordV2)}
+_ADAPTERS = {1: TypeAdapter(list[RecordV1], config=_STRICT),
+             2: TypeAdapter(list[RecordV2], config=_STRICT)}
+# The fast path (document.py): parse and check the JSON text in one pass of pydantic-core, no
+# intermediate objects. Exact: any key the schema does not name is refused, so what passes has
+# nothing the Record dataclasses could still object to; anything else (older versions, unknown
+# keys, a bad field) goes the slow path, which words the error.
+_DOCUMENT = TypeAdapter(DocumentV2)
+
+
+def parse_exact(raw: bytes) -> dict[str, Any] | None:
+    """A current-layout document with nothing unknown or wrong in it, parsed and checked; None
+    when the text is anything else (the caller then takes the slow, wording path)."""
+    try:
+        return _DOCUMENT.validate_json(raw)
+    except ValidationError:
+        return None
 
 
 def _short(v: Any) -> str:
@@ -231,9 +263,7 @@ def check_records(version: int, records: list[Any]) -> tuple[int, str, str] | No
 
 
 def check_record(version: int, record: Any) -> tuple[str, str] | None:
-    """One record: None, or (dotted field, message)."""
-    try:
-        ONE[version].validate_python(record)
-    except ValidationError as e:
-        return first_problem(e, indexed=False)[1:]
-    return None
+    """One record: None, or (dotted field, message). (A list of one: a TypedDict adapter
+    cannot take the config that every level of the schema inherits.)"""
+    problem = check_records(version, [record])
+    return problem[1:] if problem else None

@@ -194,8 +194,7 @@ def speedup_cis(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
         n_resamples = N_RESAMPLES if len(pairs) <= BIG_TABLE else N_RESAMPLES_BIG
     out: list[Ratio | None] = [None] * len(pairs)
     groups: dict[tuple[int, int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
-    for i, (x, y) in enumerate(pairs):
-        xs, ys = np.sort(np.asarray(x, dtype=float)), np.sort(np.asarray(y, dtype=float))
+    for i, xs, ys in _sorted_pairs(pairs):
         if xs.size < 2 or ys.size < 2 or (xs[0] == xs[-1] and ys[0] == ys[-1]):
             out[i] = speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed)   # the edge cases
         else:
@@ -204,11 +203,26 @@ def speedup_cis(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
         for k in range(0, len(items), chunk):
             part = items[k:k + chunk]
             X, Y = np.stack([p[1] for p in part]), np.stack([p[2] for p in part])
-            for (i, xs, ys), r in zip(part, _bca_batch(X, Y, n_resamples, seed)):
-                out[i] = (Ratio(*map(float, r), BootDist(xs, ys, n_resamples, seed))
-                          if np.isfinite(r).all() else speedup_ci(xs, ys, n_resamples=n_resamples,
-                                                                  seed=seed))
+            res = _bca_batch(X, Y, n_resamples, seed)
+            finite = np.isfinite(res).all(axis=1).tolist()      # one call per chunk, not cell
+            for (i, xs, ys), r, ok in zip(part, res.tolist(), finite):
+                out[i] = (Ratio(*r, BootDist(xs, ys, n_resamples, seed)) if ok
+                          else speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed))
     return out  # type: ignore[return-value]
+
+
+def _sorted_pairs(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]):
+    """(index, sorted baseline, sorted candidate) of every pair: the pairs of equal sizes are
+    sorted as one array each side (rows of it), not one small numpy call per sample."""
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for i, (x, y) in enumerate(pairs):
+        by_size.setdefault((len(x), len(y)), []).append(i)
+    for (nx, ny), idx in by_size.items():
+        X = np.array([pairs[i][0] for i in idx], dtype=float).reshape(len(idx), nx)
+        Y = np.array([pairs[i][1] for i in idx], dtype=float).reshape(len(idx), ny)
+        X.sort(axis=1)
+        Y.sort(axis=1)
+        yield from zip(idx, X, Y)
 
 
 def _bca_batch(X: np.ndarray, Y: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
@@ -316,13 +330,37 @@ def geomean_ratio(ratios: Sequence[Ratio]) -> Ratio:
     dists = [r.dist for r in ratios]
     if not ratios or any(d is None for d in dists) or len({len(d) for d in dists}) != 1:
         return Ratio(gain)
-    logs = np.zeros(len(dists[0]))
-    for d in dists:     # one cell at a time: a (cells, resamples) array would not fit
-        logs += np.log(np.asarray(d, dtype=float))
+    logs = _sum_of_logs(dists)
     g = np.exp(logs / len(dists))                             # (resamples,)
     alpha = (1 - CONFIDENCE) / 2
     lo, hi = np.quantile(g, [alpha, 1 - alpha])
     return Ratio(gain, float(lo), float(hi), g)
+
+
+def _sum_of_logs(dists: Sequence[Any], chunk: int = 1024) -> np.ndarray:
+    """Sum over cells of log(distribution), replicate by replicate. BootDists of the same sizes
+    are regenerated together, a chunk of cells at a time (a (cells, resamples) array of a whole
+    table would not fit), each rotated as BootDist.__array__ rotates it; others one by one."""
+    logs = np.zeros(len(dists[0]))
+    groups: dict[tuple, list[BootDist]] = {}
+    for d in dists:
+        if isinstance(d, BootDist):
+            groups.setdefault((d.xs.size, d.ys.size, d.n_resamples, d.seed), []).append(d)
+        else:
+            logs += np.log(np.asarray(d, dtype=float))
+    for (nx, ny, n_resamples, seed), ds in groups.items():
+        xl, xh = _median_ranks(nx, n_resamples, seed)
+        yl, yh = _median_ranks(ny, n_resamples, seed + 1)
+        for k in range(0, len(ds), chunk):
+            part = ds[k:k + chunk]
+            X, Y = np.stack([d.xs for d in part]), np.stack([d.ys for d in part])
+            vals = speedup((X[:, xl] + X[:, xh]) * 0.5, (Y[:, yl] + Y[:, yh]) * 0.5)
+            shift = np.array([zlib.crc32(d.xs.tobytes() + d.ys.tobytes()) % n_resamples
+                              for d in part])
+            # np.roll(v, s)[j] == v[(j - s) % n]
+            idx = (np.arange(n_resamples)[None, :] - shift[:, None]) % n_resamples
+            logs += np.log(np.take_along_axis(vals, idx, axis=1)).sum(axis=0)
+    return logs
 
 
 def _fmt(v: float) -> str:

@@ -141,6 +141,7 @@ class ForkedProcess:
     def __init__(self, pid: int, results: "queue.Queue[int]", stdout: str, stderr: str):
         self.pid = pid
         self.returncode: int | None = None
+        self.server_lost: str | None = None          # why the fork server died under it
         self._results = results
         self._done = threading.Event()
         self.stdout = _TailLines(stdout, self._done)
@@ -196,6 +197,15 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def exit_description(self) -> str:
+        """How the server process ended: 'killed by signal SIGKILL', 'exit code 1'."""
+        from fusebench.run.killed import exit_description
+        try:
+            rc = self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            rc = None       # its stdout closed but it lingers: it is being torn down
+        return exit_description(rc)
+
     def spawn(self, spec_path, out_path, stdout_path, stderr_path, env: dict) -> ForkedProcess:
         req = {"spec": str(spec_path), "out": str(out_path), "stdout": str(stdout_path),
                "stderr": str(stderr_path), "env": env}
@@ -209,8 +219,13 @@ class ForkServer:
 
         def collect():
             end = self._next(None)
-            # server died mid-cell: report the child as killed (it is gone with its group)
-            results.put(end["rc"] if end and "rc" in end else -signal.SIGKILL)
+            if end and "rc" in end:
+                results.put(end["rc"])
+                return
+            # the server died mid-cell: its child's exit status went with it (the child's watch
+            # thread ends it: cell/worker.py); say so, not "killed" as if by the OOM killer
+            child.server_lost = self.exit_description()
+            results.put(-signal.SIGKILL)
         threading.Thread(target=collect, daemon=True).start()
         return child
 

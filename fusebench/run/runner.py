@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusebench.run import distributed
-from fusebench.run import forkserver
+from fusebench.run import forkserver, killed
 from fusebench.run.progress import CellState
 from fusebench.run.reaper import CellProcesses
 from fusebench.spec import CellSpec, ErrorInfo, Record
@@ -71,6 +71,7 @@ class _Worker:
         # (and torchrun's ranks) always start a fresh interpreter
         forkable = forkserver.enabled() and not self.dist and not spec.device.startswith("cuda")
         self.procs = CellProcesses()   # what the cell starts (setsid'd or orphaned too) ends with it
+        self.oom_kills = killed.oom_kills()   # moved by the cell's end: the OOM killer sent it
         server = forkserver.get_server() if forkable else None
         if server is not None:   # a fresh fork of a warm parent: no per-cell torch import
             self.proc = server.spawn(self.spec_path, self.out_path, tmp / "stdout.txt",
@@ -132,14 +133,10 @@ class _Worker:
         return self._crash(rc)
 
     def _crash(self, rc: int) -> Record:
-        if rc < 0:
-            sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
-            msg = f"worker killed by signal {sig}"
-            if -rc == signal.SIGKILL:
-                msg += " (the kernel's OOM killer sends this when memory runs out)"
-        else:
-            msg = f"worker exited with code {rc} without a record"
-        return self._failure("crashed", rc, ErrorInfo("Crashed", f"{msg} {self.state.where()}"))
+        lost = getattr(self.proc, "server_lost", None)
+        msg = killed.crash_message(rc, self.oom_kills, lost)
+        return self._failure("crashed", None if lost else rc,
+                             ErrorInfo("Crashed", f"{msg} {self.state.where()}"))
 
     def _join(self) -> None:
         for t in self._threads:
