@@ -91,13 +91,18 @@ def catalog(before: dict[str, set], device: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- the checks
-def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> dict:
-    """What `run` plans with: each model resolves, takes the --model-kwargs and every size."""
+def check_user_files(refs: list[str]) -> None:
+    """Import the user's model files first: a bad one is found before torch is imported."""
     from fusebench.loading import is_file_ref, load_ref
-    for ref in refs:                 # the user's files first: no torch needed to find a bad one
+    for ref in refs:
         if is_file_ref(ref) and not ref.startswith("timm:"):
             note(f"model '{ref}'")
             load_ref(ref, "model", "factory")
+
+
+def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> dict:
+    """What `run` plans with: each model resolves, takes the --model-kwargs and every size."""
+    check_user_files(refs)
     from fusebench.models.source import coerce_kwargs, resolve_model
     out = {}
     for ref in refs:
@@ -111,10 +116,12 @@ def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> d
 
 
 def check_impls(refs: list[str]) -> list[str]:
-    from fusebench.kernels.registry import load_user_impl
+    # load_ref as kernels.registry.load_user_impl does, without importing fusebench.kernels
+    # (every bundled family, and torch) before the user's file
+    from fusebench.loading import load_ref
     for ref in refs:
         note(f"user impl '{ref}'")
-        load_user_impl(ref)
+        load_ref(ref, "user impl", "function")
     return refs
 
 
@@ -122,8 +129,10 @@ def answer(req: dict) -> dict:
     from fusebench.plugins import load_plugins
     before = _registered()
     plugins = load_plugins(req.get("plugins") or "", on_load=note)
-    note("the plugins' registrations")   # before the checks load the zoo: plugins' adds only
-    out: dict = {"plugins": plugins, "catalog": catalog(before, req.get("device") or "cpu")}
+    out: dict = {"plugins": plugins, "catalog": {}}
+    if plugins:       # before the checks load the zoo: what the plugins added, only that
+        note("the plugins' registrations")
+        out["catalog"] = catalog(before, req.get("device") or "cpu")
     if req.get("models"):
         out["models"] = check_models(req["models"], req.get("model_kwargs") or {},
                                      req.get("img_sizes") or [])
@@ -132,6 +141,7 @@ def answer(req: dict) -> dict:
     if req.get("summary"):
         from fusebench.models.summary import model_summary
         s = req["summary"]
+        check_user_files([s["model"]])
         note(f"model '{s['model']}'")
         out["summary"] = model_summary(s["model"], s.get("kwargs") or {}, s.get("bench", "infer"),
                                        s.get("img_size"))

@@ -25,6 +25,7 @@ TIMEOUT_ENV = "FUSEBENCH_PROBE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0   # loading a file should take seconds; a hang should not cost --timeout
 
 _UNDO: list[Callable[[], None]] = []     # how to remove the stand-ins installed last time
+_ANSWERS: dict[str, dict] = {}           # _cache_key -> the probe's answer
 
 
 def plugins_value() -> str:
@@ -59,9 +60,36 @@ def load(*, device: str = "cpu", timeout: float | None = None, models: list[str]
     request = {"plugins": plugins_value(), "device": device, "models": list(models),
                "model_kwargs": dict(model_kwargs or {}), "img_sizes": list(img_sizes),
                "impls": list(impls), "summary": summary}
-    answer = ask(request, probe_timeout(timeout))
+    key = _cache_key(request)
+    answer = _ANSWERS.get(key) if key else None
+    if answer is None:
+        answer = ask(request, probe_timeout(timeout))
+        if key:
+            _ANSWERS[key] = answer
     install(answer.get("catalog") or {})
     return answer
+
+
+def _cache_key(request: dict) -> str | None:
+    """The same request on unchanged files is answered once per process (a library user or a
+    test calling the CLI's main() many times pays one probe). None: not cacheable (a plugin
+    given as a module name, whose files we do not stat)."""
+    paths = [r.rpartition(":")[0] for r in [*request["models"], *request["impls"]] if ":" in r]
+    if request["summary"]:
+        return None                        # info builds the model: always fresh
+    for name in request["plugins"].split(","):
+        name = name.strip()
+        if name and not name.endswith(".py"):
+            return None
+        paths.append(name)
+    stats = []
+    for p in filter(None, paths):
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        stats.append((os.path.abspath(p), st.st_mtime_ns, st.st_size))
+    return json.dumps([request, os.getcwd(), stats], sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- the child
@@ -79,8 +107,8 @@ def ask(request: dict, timeout: float) -> dict:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            raise UsageError(f"loading {_loading(ans_path)} did not finish within {timeout:g} s "
-                             f"(killed; the limit is min(--timeout, {TIMEOUT_ENV}, "
+            raise UsageError(f"{_loading(ans_path, 'loading ')} did not finish within "
+                             f"{timeout:g} s (killed; the limit is min(--timeout, {TIMEOUT_ENV}, "
                              f"default {DEFAULT_TIMEOUT_S:g} s))") from None
         except BaseException:             # Ctrl-C while waiting: the child goes too
             _kill(proc)
@@ -95,11 +123,13 @@ def ask(request: dict, timeout: float) -> dict:
     return answer
 
 
-def _loading(ans_path: Path) -> str:
+def _loading(ans_path: Path, prefix: str = "") -> str:
+    """What the probe was loading when it stopped (from its note), else its start-up."""
     try:
-        return probe_note_path(ans_path).read_text().strip() or "the probe"
+        what = probe_note_path(ans_path).read_text().strip()
     except OSError:
-        return "the probe"
+        what = ""
+    return prefix + what if what else "the probe process (starting up, before any user file)"
 
 
 def _kill(proc: subprocess.Popen) -> None:
