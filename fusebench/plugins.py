@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def load_plugins(env_value: str | None = None,
         except UsageError:
             raise
         except Exception as e:
-            raise UsageError(f"plugin {name} failed to load: {describe(e)}") from None
+            frames = traceback.extract_tb(e.__traceback__)
+            where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+            raise UsageError(f"plugin {name} failed to load{where}: {describe(e)}") from None
         _loaded.add(name)
     return names

@@ -84,8 +84,9 @@ def _norm(argv, tmp: Path) -> tuple[str, ...]:
 
 
 def refused(capsys, argv, *, tmp: Path, expect: str | None = None,
-            must_not_exist: tuple[Path, ...] = ()) -> str:
-    """Run the CLI in-process and check the one-line refusal. Returns the line."""
+            must_not_exist: tuple[Path, ...] = (), key: tuple[str, ...] | None = None) -> str:
+    """Run the CLI in-process and check the one-line refusal. Returns the line. `key` names
+    the input in TRIED where argv alone does not (the bad part is in the environment)."""
     capsys.readouterr()
     rc = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -98,7 +99,7 @@ def refused(capsys, argv, *, tmp: Path, expect: str | None = None,
         assert expect.lower() in lines[0].lower(), (argv, lines[0])
     for p in must_not_exist:
         assert not p.exists(), f"{p} was written for bad input {argv}"
-    TRIED.add(_norm(argv, tmp))
+    TRIED.add(key or _norm(argv, tmp))
     return lines[0]
 
 
@@ -333,11 +334,12 @@ def test_user_code_that_exits_hangs_or_raises_at_import(capsys, tmp_path, monkey
             "plugin": ["list", "modes"]}[where]
     if where == "plugin":
         monkeypatch.setenv("FUSEBENCH_PLUGINS", str(f))
-    line = refused(capsys, argv, tmp=tmp_path, expect=HOSTILE[kind][1], must_not_exist=(out,))
+    key = (f"FUSEBENCH_PLUGINS={kind}", *argv) if where == "plugin" else (where, kind)
+    line = refused(capsys, argv, tmp=tmp_path, expect=HOSTILE[kind][1], must_not_exist=(out,),
+                   key=key)
     assert str(f) in line
     if hang:
         assert ("within 2 s" if "--timeout" in argv else "within 3 s") in line
-    TRIED.add((f"FUSEBENCH_PLUGINS={kind}" if where == "plugin" else where, kind))
 
 
 BROKEN_PLUGIN_COMMANDS = [["run", "convnext_atto"], ["kernel", "ln2d"], ["list", "modes"],
@@ -352,9 +354,9 @@ def test_broken_plugin_is_one_line_in_every_command(capsys, tmp_path, monkeypatc
     monkeypatch.setenv("FUSEBENCH_PLUGINS", str(hostile["raise"]))
     out = tmp_path / "out"
     full = [*argv, "--out", out] if argv[0] in ("run", "kernel") else argv
-    line = refused(capsys, full, tmp=tmp_path, expect="ZeroDivisionError", must_not_exist=(out,))
+    line = refused(capsys, full, tmp=tmp_path, expect="ZeroDivisionError", must_not_exist=(out,),
+                   key=("FUSEBENCH_PLUGINS=raise", *argv))
     assert f"plugin {hostile['raise']}" in line
-    TRIED.add(("FUSEBENCH_PLUGINS=raise", *argv))
 
 
 # ----------------------------------------------------------------------------- results files
