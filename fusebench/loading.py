@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -14,6 +15,45 @@ from fusebench.errors import UsageError, describe, unknown_name
 def is_file_ref(name: str) -> bool:
     """'path/to/file.py:name' rather than a registered name."""
     return ":" in name
+
+
+def check_file(path: Path, what: str) -> Path:
+    """The checks that run none of the file's code: a .py file that exists and parses. The CLI
+    makes them itself (user code only ever runs in a probe or a worker), so the commonest
+    mistakes cost no child process. Returns the resolved path."""
+    path = Path(path).expanduser()
+    if path.suffix != ".py":
+        raise UsageError(f"{what}: {path} is not a .py file")
+    if not path.is_file():
+        raise UsageError(f"{what}: {path} not found (no such file)")
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise UsageError(f"{what}: syntax error in {path} line {e.lineno}: {e.msg}") from None
+    except (OSError, ValueError) as e:      # unreadable, or NUL bytes in the source
+        raise UsageError(f"{what}: cannot read {path}: {describe(e)}") from None
+    return path.resolve()
+
+
+def split_ref(ref: str, what: str, attr_kind: str) -> tuple[str, str]:
+    """'path/to/file.py:name' -> (path, name); a malformed reference is a UsageError."""
+    path_text, sep, attr = ref.rpartition(":")
+    if not sep or not path_text or not attr.isidentifier():
+        raise UsageError(f"{what} '{ref}': expected path/to/file.py:{attr_kind}")
+    return path_text, attr
+
+
+def check_ref(ref: str, what: str, attr_kind: str) -> None:
+    """What the CLI can check of a file reference without running the file (see check_file)."""
+    path_text, _ = split_ref(ref, what, attr_kind)
+    check_file(Path(path_text), f"{what} '{ref}'")
+
+
+def _where(e: BaseException, resolved: Path) -> str:
+    """':LINE' of the innermost frame of the user's file in e's traceback ('' if none)."""
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+             if f.filename == str(resolved)]
+    return f":{lines[-1]}" if lines else ""
 
 
 def import_file(path: Path, what: str) -> ModuleType:
@@ -42,16 +82,15 @@ def import_file(path: Path, what: str) -> ModuleType:
         raise UsageError(f"{what}: syntax error in {path} line {e.lineno}: {e.msg}") from None
     except Exception as e:
         del sys.modules[mod_name]
-        raise UsageError(f"{what}: importing {path} failed: {describe(e)}") from e
+        raise UsageError(f"{what}: importing {path}{_where(e, resolved)} failed: "
+                         f"{describe(e)}") from e
     return module
 
 
 def load_ref(ref: str, what: str, attr_kind: str):
     """'path/to/file.py:name' -> the callable `name` defined there. `what` names the reference
     in errors ("model", "user impl"), `attr_kind` what the name is ("factory", "function")."""
-    path_text, sep, attr = ref.rpartition(":")
-    if not sep or not path_text or not attr.isidentifier():
-        raise UsageError(f"{what} '{ref}': expected path/to/file.py:{attr_kind}")
+    path_text, attr = split_ref(ref, what, attr_kind)
     module = import_file(Path(path_text), f"{what} '{ref}'")
     if not hasattr(module, attr):
         # offer the functions/classes the file itself defines, not what it imported

@@ -21,6 +21,10 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
+    def discard(self, name: str) -> None:
+        """Remove `name` if present (the CLI's stand-ins for plugin entries, run/probe.py)."""
+        self._items.pop(name, None)
+
     def names(self, pattern: str = "*") -> list[str]:
         return sorted(n for n in self._items if fnmatch.fnmatchcase(n, pattern))
 

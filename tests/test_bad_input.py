@@ -84,8 +84,9 @@ def _norm(argv, tmp: Path) -> tuple[str, ...]:
 
 
 def refused(capsys, argv, *, tmp: Path, expect: str | None = None,
-            must_not_exist: tuple[Path, ...] = ()) -> str:
-    """Run the CLI in-process and check the one-line refusal. Returns the line."""
+            must_not_exist: tuple[Path, ...] = (), key: tuple[str, ...] | None = None) -> str:
+    """Run the CLI in-process and check the one-line refusal. Returns the line. `key` names
+    the input in TRIED where argv alone does not (the bad part is in the environment)."""
     capsys.readouterr()
     rc = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -98,7 +99,7 @@ def refused(capsys, argv, *, tmp: Path, expect: str | None = None,
         assert expect.lower() in lines[0].lower(), (argv, lines[0])
     for p in must_not_exist:
         assert not p.exists(), f"{p} was written for bad input {argv}"
-    TRIED.add(_norm(argv, tmp))
+    TRIED.add(key or _norm(argv, tmp))
     return lines[0]
 
 
@@ -292,6 +293,70 @@ def test_kernel_bad_input(capsys, tmp_path, case):
         args = [*args[:-1], str(tmp_path / args[-1])]
     refused(capsys, ["kernel", *args, "--out", out], tmp=tmp_path, expect=expect,
             must_not_exist=(out,))
+
+
+# ----------------------------------------------------------------------------- hostile user code
+# What a user's file does when imported -> what the one line must say. User code is loaded in
+# the probe process (run/probe.py), never in the CLI, so none of these can end, hang or print
+# into the CLI (#14.3).
+HOSTILE = {
+    "sys_exit": ("import sys\nsys.exit(0)\n", "called sys.exit(0)"),
+    "os_exit": ("import os\nos._exit(0)\n", "ended the probe process (exit code 0)"),
+    "hang": ("while True:\n    pass\n", "did not finish within"),
+    "raise": ("x = 1\ny = x / 0\n", ":2 failed: ZeroDivisionError"),
+}
+_HOSTILE_TAIL = "\n\ndef make():\n    pass\n\n\ndef fn(x, weight, bias, eps):\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    out = {}
+    for kind, (code, _) in HOSTILE.items():
+        out[kind] = d / f"{kind}.py"
+        out[kind].write_text(code + _HOSTILE_TAIL)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+@pytest.mark.parametrize("where", ["run", "info", "kernel", "plugin"])
+def test_user_code_that_exits_hangs_or_raises_at_import(capsys, tmp_path, monkeypatch, hostile,
+                                                        where, kind):
+    """A model file (run, info), a kernel impl file (kernel) or a plugin (list) that exits, hangs
+    or raises at import: one line naming the file, exit 2; a hang is killed at the probe's
+    timeout, min(--timeout, FUSEBENCH_PROBE_TIMEOUT)."""
+    hang = kind == "hang"        # waits out the limit; the others must not meet it under load
+    monkeypatch.setenv("FUSEBENCH_PROBE_TIMEOUT", "3" if hang else "300")
+    f, out, limit = hostile[kind], tmp_path / "out", "2" if hang else "300"
+    argv = {"run": ["run", f"{f}:make", "--timeout", limit, "--out", out],
+            "info": ["info", f"{f}:make"],
+            "kernel": ["kernel", "ln2d", "--impl", f"{f}:fn", "--timeout", limit, "--out", out],
+            "plugin": ["list", "modes"]}[where]
+    if where == "plugin":
+        monkeypatch.setenv("FUSEBENCH_PLUGINS", str(f))
+    key = (f"FUSEBENCH_PLUGINS={kind}", *argv) if where == "plugin" else (where, kind)
+    line = refused(capsys, argv, tmp=tmp_path, expect=HOSTILE[kind][1], must_not_exist=(out,),
+                   key=key)
+    assert str(f) in line
+    if hang:
+        assert ("within 2 s" if "--timeout" in argv else "within 3 s") in line
+
+
+BROKEN_PLUGIN_COMMANDS = [["run", "convnext_atto"], ["kernel", "ln2d"], ["list", "modes"],
+                          ["list", "models"], ["list", "kernels"], ["env"],
+                          ["info", "convnext_atto"]]
+
+
+@pytest.mark.parametrize("argv", BROKEN_PLUGIN_COMMANDS, ids=" ".join)
+def test_broken_plugin_is_one_line_in_every_command(capsys, tmp_path, monkeypatch, hostile,
+                                                    argv):
+    """Every command that resolves names loads FUSEBENCH_PLUGINS (in the probe) first (#14.6)."""
+    monkeypatch.setenv("FUSEBENCH_PLUGINS", str(hostile["raise"]))
+    out = tmp_path / "out"
+    full = [*argv, "--out", out] if argv[0] in ("run", "kernel") else argv
+    line = refused(capsys, full, tmp=tmp_path, expect="ZeroDivisionError", must_not_exist=(out,),
+                   key=("FUSEBENCH_PLUGINS=raise", *argv))
+    assert f"plugin {hostile['raise']}" in line
 
 
 # ----------------------------------------------------------------------------- results files

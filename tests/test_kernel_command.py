@@ -1,4 +1,5 @@
 """`fusebench kernel`: planning errors, run_cell records (ok, error, mismatch, fallback), CLI."""
+import dataclasses
 import json
 import textwrap
 
@@ -14,10 +15,17 @@ SHAPE = "2,5,6,7"
 
 
 def _cell(impl, tmp_path=None, **kw):
-    specs = plan_kernel(KernelRequest("ln2d", impls=impl, shapes=(SHAPE,), warmup=1, steps=3,
-                                      **kw))
+    """run_cell (the worker's side) in this process. A user file is planned as a registered
+    impl, then swapped in: planning it costs a probe process (tested in test_probe.py), and
+    what is under test here is the cell."""
+    user = ":" in impl
+    specs = plan_kernel(KernelRequest("ln2d", impls="permute" if user else impl, shapes=(SHAPE,),
+                                      warmup=1, steps=3, **kw))
     assert len(specs) == 1
-    return run_cell(specs[0], lambda p: None)
+    spec = specs[0]
+    if user:
+        spec = dataclasses.replace(spec, kernel=dataclasses.replace(spec.kernel, impl=impl))
+    return run_cell(spec, lambda p: None)
 
 
 @pytest.fixture
@@ -35,6 +43,16 @@ def user_file(tmp_path):
         def drifts(x, weight, bias, eps):      # right at first, wrong after warm-up
             calls[0] += 1
             return good(x, weight, bias, eps) * (1.0 if calls[0] < 3 else 1.01)
+        def inplace_x(x, weight, bias, eps):   # right output, but x is changed (.data:
+            y = good(x, weight, bias, eps)     # autograd cannot see it)
+            x.data.add_(1.0)
+            return y
+        def inplace_weight(x, weight, bias, eps):
+            y = good(x, weight, bias, eps)
+            weight.data.mul_(2.0)
+            return y
+        def as_double(x, weight, bias, eps):   # more precise than asked: not what was asked
+            return good(x.double(), weight.double(), bias.double(), eps)
     """))
     return p
 
@@ -82,6 +100,18 @@ def test_user_impl_ok_error_and_late_mismatch(user_file):
     late = _cell(f"{user_file}:drifts")
     assert late.status == "mismatch"
     assert late.correctness.detail.startswith("after_timing")
+
+
+@pytest.mark.parametrize("direction", ["fwd", "fwdbwd"])
+@pytest.mark.parametrize("fn,says", [("inplace_x", "modified its input x in place"),
+                                     ("inplace_weight", "modified its input weight in place"),
+                                     ("as_double", "returned float64, expected float32")])
+def test_inplace_and_wrong_dtype_are_mismatches(user_file, fn, says, direction):
+    """Numbers alone would pass these (the output is right, or more precise than asked): the
+    check also compares the inputs after the call and the output's dtype (#14.6)."""
+    r = _cell(f"{user_file}:{fn}", direction=direction)
+    assert r.status == "mismatch", (r.status, r.error)
+    assert not r.correctness.passed and says in r.correctness.detail, r.correctness.detail
 
 
 def test_auto_fallback_runs_function_under_its_own_name(monkeypatch):

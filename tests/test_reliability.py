@@ -290,6 +290,69 @@ def test_repro_scripts_reproduce_planted_failures_with_plain_python(tmp_path, mo
     FAULTS_INJECTED.update({"wrong output (mismatch)", "exception in a step"})
 
 
+# ------------------------------------------------------------------------ kernel cells
+def test_crashed_and_timed_out_kernel_cells_keep_their_identity(tmp_path):
+    """A kernel impl that kills its worker or hangs: the runner's record (the worker wrote none)
+    still names family, impl, shape and direction, in the saved document and the table (#14.6)."""
+    from rich.console import Console
+
+    from fusebench.render.kernel_table import kernel_table
+    from fusebench.run.runner import run_one
+    from fusebench.spec import CellSpec
+    f = tmp_path / "bad_impls.py"
+    f.write_text("import os, signal, time\n\ndef dies(x, weight, bias, eps):\n"
+                 "    os.kill(os.getpid(), signal.SIGKILL)\n\n"
+                 "def hangs(x, weight, bias, eps):\n    time.sleep(600)\n")
+    common = dict(device="cpu", warmup=1, steps=2, threads=1)
+    specs = [CellSpec.for_kernel("ln2d", f"{f}:dies", (2, 5, 6, 7), direction="fwd",
+                                 timeout=120.0, **common),
+             CellSpec.for_kernel("ln2d", f"{f}:hangs", (3, 4, 5, 6), direction="bwd",
+                                 timeout=10.0, **common)]
+    path = tmp_path / "k.json"
+    writer = ResultsWriter(path, {})
+    for spec in specs:
+        writer.append(run_one(spec))
+    recs = [Record.from_dict(d) for d in load(path)["records"]]
+    assert [r.status for r in recs] == ["crashed", "timeout"], [r.error for r in recs]
+    for rec, spec in zip(recs, specs):
+        assert rec.spec.kernel == spec.kernel          # family, impl, shape, direction
+    console = Console(record=True, width=250)
+    console.print(kernel_table(recs, wide=True))
+    text = console.export_text()
+    for want in ("dies", "hangs", "2x5x6x7", "3x4x5x6", "fwd", "bwd", "crashed", "timeout"):
+        assert want in text, text
+    assert "?" not in text, text
+    FAULTS_INJECTED.update({"kernel impl kills its worker", "kernel impl hangs (timeout)"})
+
+
+def test_user_code_that_hangs_or_exits_at_import_leaves_nothing_behind(tmp_path):
+    """Real CLI processes: a model file that hangs at import (and starts a child first) is
+    killed with its whole probe at the limit; one that exits is one line too. Exit 2, stdout
+    empty under --json, no process left."""
+    hang = tmp_path / "hang.py"
+    hang.write_text("import subprocess, sys\n"
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                    "while True:\n    pass\n\ndef make():\n    pass\n")
+    leave = tmp_path / "leave.py"
+    leave.write_text("import os\nos._exit(0)\n\ndef make():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FUSEBENCH_PROBE_TIMEOUT": "8"}
+    procs = [subprocess.Popen([sys.executable, "-m", "fusebench", "run", f"{f}:make", "--json",
+                               "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for f in (hang, leave)]
+    for p, says in zip(procs, ("did not finish within 8 s", "ended the probe process")):
+        out, err = p.communicate(timeout=180)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert p.returncode == 2 and out == "", (p.returncode, out, err)
+        assert len(lines) == 1 and says in lines[0], err
+    left = [q for q in psutil.process_iter(["cmdline"])
+            if "time.sleep(600)" in " ".join(q.info["cmdline"] or [])]
+    assert not left, left
+    assert not (tmp_path / "out").exists()
+    FAULTS_INJECTED.update({"user code hangs at import (probe killed)",
+                            "user code exits at import"})
+
+
 def test_fault_kinds_injected(capsys):
     with capsys.disabled():
         print(f"\n[reliability] fault kinds injected here: {len(FAULTS_INJECTED)}: "

@@ -104,16 +104,21 @@ def _zero_grads(module: ImplModule, xg: torch.Tensor) -> None:
         p.grad = None
 
 
-def _run_once(call, module: ImplModule, x, dy, direction: str):
-    """One forward (+ backward): (y, grads or None)."""
+def _run_once(call, module: ImplModule, x, dy, direction: str, y_ref):
+    """One forward (+ backward): (y, grads or None, what the call did wrong besides its
+    numbers: kernels/checks.call_violations; no backward then)."""
+    from fusebench.kernels.checks import call_violations
     xg = x.detach().clone(memory_format=torch.preserve_format).requires_grad_(direction != "fwd")
     module.zero_grad(set_to_none=True)
+    given = {"x": x.detach().clone(), **{n: p.detach().clone() for n, p in
+                                         zip(module.names, module.inputs())}}
     y = call(xg)
-    if direction == "fwd":
-        return y.detach(), None
+    bad = call_violations(y, y_ref, given, {"x": xg, **dict(zip(module.names, module.inputs()))})
+    if bad or direction == "fwd":
+        return (y.detach() if torch.is_tensor(y) else None), None, bad
     y.backward(dy)
     grads = [xg.grad] + [p.grad for p in module.inputs()]
-    return y.detach(), dict(zip(module.problem.grad_names(), grads))
+    return y.detach(), dict(zip(module.problem.grad_names(), grads)), []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +139,10 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelC
     with torch.no_grad():
         for name, p in zip(problem.params, module.inputs()):
             p.copy_(params[name])
-    y, grads = _run_once(call, module, x, dy, direction)
     y_ref, g_ref = _reference(problem, x, dy, params, direction)
+    y, grads, wrong = _run_once(call, module, x, dy, direction, y_ref)
+    if wrong:       # in place, another dtype or shape: a mismatch whatever the numbers say
+        return KernelCheck(False, None, None, "; ".join(wrong))
     tol = TOLERANCES[spec.dtype].base       # the model cells' base tolerance per dtype
     err_out = rel_err(y, y_ref)
     bad = [f"y {err_out:.1e}"] if not err_out <= tol else []

@@ -110,6 +110,8 @@ def env(
 
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got '{device}'")
+    from fusebench.run.probe import load
+    load(device=device)         # plugins' modes and kernel impls are listed too
     data = collect_env(availability=True, device=device)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")

@@ -1,4 +1,5 @@
-"""fusebench info MODEL: parameters, default input sizes, forward GFLOPs per sample."""
+"""fusebench info MODEL: parameters, default input sizes, forward GFLOPs per sample (computed by
+models/summary.py; for a user's file in the probe, run/probe.py)."""
 from __future__ import annotations
 
 import json
@@ -14,28 +15,23 @@ from fusebench.commands.listing import console_for_rows
 InfoBench = choices("InfoBench", ("train", "infer"))
 
 
-def model_summary(text: str, model_kwargs: dict[str, str] | None = None,
-                  bench: str = "infer", img_size: int | None = None) -> dict:
-    """Build the model once (eval mode) and describe it; forward FLOPs at batch 1 and the
-    input of `bench` (img_size overrides H and W), said in gflops_input_size. A model with its
-    own example_inputs() shows those (e.g. "int64[1, 16]") instead of image sizes."""
-    from fusebench.measure.flops import count_params, forward_gflops_per_sample
-    from fusebench.models.source import coerce_kwargs, resolve_model
+def _summary(model: str, model_kwarg: list[str] | None, bench: str,
+             img_size: int | None) -> dict:
+    """A zoo or timm model is described here; a user file, or any model once plugins are set,
+    in the probe (the factory is user code: it never runs in the CLI process)."""
+    from fusebench.loading import check_ref
+    from fusebench.models.source import parse_model_kwargs
+    from fusebench.models.summary import model_summary
+    from fusebench.run import probe
 
-    src = resolve_model(text)
-    kwargs = coerce_kwargs(src.factory, model_kwargs or {})   # timm: factory None, any kwargs
-    model = src.build(**kwargs).eval()
-    probe = src.example_inputs(model, bench, 1, img_size)
-    train = infer = at = probe.describe()
-    if probe.image_size is not None:
-        train, infer = (list(src.input_size(b, model=model)) for b in ("train", "infer"))
-        at = list(probe.image_size)
-    gflops = forward_gflops_per_sample(model, *probe.args)
-    return {"name": src.name, "kind": src.kind, "family": src.family,
-            "description": src.description, "params": count_params(model),
-            "train_input_size": train, "infer_input_size": infer,
-            "gflops_per_sample": round(gflops, 4), "gflops_bench": bench,
-            "gflops_input_size": at, "model_kwargs": model_kwargs or {}}
+    kwargs = parse_model_kwargs(model_kwarg)
+    if probe.is_user_model(model):
+        check_ref(model, "model", "factory")
+    elif not probe.plugins_value():
+        probe.load()                                  # drops stand-ins a former run left
+        return model_summary(model, kwargs, bench, img_size)
+    request = {"model": model, "kwargs": kwargs, "bench": bench, "img_size": img_size}
+    return probe.load(summary=request)["summary"]
 
 
 def _size(size) -> str:
@@ -54,9 +50,7 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Parameters, default train/infer input sizes and forward GFLOPs of a model."""
-    from fusebench.models.source import parse_model_kwargs
-
-    s = model_summary(model, parse_model_kwargs(model_kwarg), bench.value, img_size)
+    s = _summary(model, model_kwarg, bench.value, img_size)
     if as_json:
         print(json.dumps(s, indent=2))
         return

@@ -11,15 +11,15 @@ import typer
 from fusebench.run.kernel_plan import DIRECTIONS
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import DTYPES
-from fusebench.kernels import families, get_problem
+from fusebench.kernels import PROBLEMS, families, get_problem
 from fusebench.render.kernel_table import kernel_table
 
 
 Direction = choices("Direction", DIRECTIONS)
 # from the registry: each family's problem says how a user impl is called
 _IMPL_HELP = ("Impls, comma-separated: registered names, path/to/file.py:fn (called like the "
-              "family's impls: " + "; ".join(f"{f} {get_problem(f).signature}" for f in families())
-              + "), or 'all'.")
+              "family's impls: " + "; ".join(f"{f} {get_problem(f).signature}"
+                                             for f in PROBLEMS.names()) + "), or 'all'.")
 Dtype = choices("Dtype", DTYPES)
 
 

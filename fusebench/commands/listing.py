@@ -51,8 +51,10 @@ def _status(ok: bool, reason: str) -> str:
 @list_app.command("models", cls=Command)
 @guarded
 def models(pattern: Pattern = "*", as_json: AsJson = False) -> None:
-    """Models in the bundled zoo (also usable: timm:NAME and path/file.py:factory)."""
+    """Models in the bundled zoo and plugins (also usable: timm:NAME and path/file.py:factory)."""
     from fusebench.models import get_model_info, list_models
+    from fusebench.run.probe import load
+    load()                      # FUSEBENCH_PLUGINS' models too, loaded in the probe
     infos = [get_model_info(n) for n in list_models(pattern)]
     rows = [{"name": i.name, "family": i.family, "train_size": i.train_size,
              "infer_size": i.infer_size, "description": i.description} for i in infos]
@@ -66,6 +68,8 @@ def models(pattern: Pattern = "*", as_json: AsJson = False) -> None:
 def modes(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     """Execution modes and whether each is available on this machine."""
     from fusebench.modes import get_mode, list_modes
+    from fusebench.run.probe import load
+    load()
     names = list_modes(pattern)
     rows = []
     for name in names:
@@ -82,6 +86,8 @@ def modes(pattern: Pattern = "*", as_json: AsJson = False) -> None:
 def kernels(pattern: Pattern = "*", as_json: AsJson = False) -> None:
     """Kernel implementations as family/impl; PATTERN matches the family or 'family/impl'."""
     from fusebench.kernels import families, get_impl, list_impls
+    from fusebench.run.probe import load
+    load()
     rows = []
     for fam in families():
         for impl_name in list_impls(fam):

@@ -1,4 +1,5 @@
-"""Input checks shared by the kernel impls: a clear error instead of a wrong answer."""
+"""Input checks shared by the kernel impls (a clear error instead of a wrong answer), and the
+kernel cell's checks of what an impl's call did besides its numbers (call_violations)."""
 from __future__ import annotations
 
 import torch
@@ -32,3 +33,30 @@ def check_bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> No
     if x.dim() != 4 or bias.dim() != 1 or bias.numel() != x.shape[1]:
         raise ValueError(f"bias_gelu: expected x (N, C, H, W) and bias (C,), got "
                          f"{tuple(x.shape)} and {tuple(bias.shape)}")
+
+
+def _dtype_name(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def call_violations(y, y_ref: torch.Tensor, inputs: dict[str, torch.Tensor],
+                    after: dict[str, torch.Tensor]) -> list[str]:
+    """What one call of an impl did wrong besides its numbers, for the correctness check: an
+    output that is not a tensor, or of another dtype or shape than the reference's (in the
+    input's dtype), and any input (x, a parameter) it modified in place. `inputs` are copies
+    taken before the call, `after` the same tensors as the impl left them."""
+    out = []
+    if not torch.is_tensor(y):
+        return [f"returned {type(y).__name__}, not a tensor"]
+    want = inputs["x"].dtype
+    if y.dtype != want:
+        out.append(f"returned {_dtype_name(y.dtype)}, expected {_dtype_name(want)} "
+                   f"(the input's dtype)")
+    if tuple(y.shape) != tuple(y_ref.shape):
+        out.append(f"returned shape {tuple(y.shape)}, expected {tuple(y_ref.shape)}")
+    changed = [name for name, t in after.items()
+               if not torch.equal(t.detach(), inputs[name])]
+    if changed:
+        out.append(f"modified its input{'s' if len(changed) > 1 else ''} "
+                   f"{', '.join(changed)} in place")
+    return out

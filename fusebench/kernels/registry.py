@@ -31,11 +31,23 @@ _FAMILIES: dict[str, Registry[KernelImpl]] = {}
 def register_impl(family: str, name: str, *, available=None, description: str = ""):
     """Decorator: registers fn as implementation `name` of kernel `family`."""
     def deco(fn):
-        reg = _FAMILIES.setdefault(family, Registry(f"{family} impl"))
-        reg.add(name, KernelImpl(family, name, fn, available or _always,
-                                 description or first_line(fn.__doc__, None)))
+        add_impl(KernelImpl(family, name, fn, available or _always,
+                            description or first_line(fn.__doc__, None)))
         return fn
     return deco
+
+
+def add_impl(impl: KernelImpl) -> None:
+    _FAMILIES.setdefault(impl.family, Registry(f"{impl.family} impl")).add(impl.name, impl)
+
+
+def discard_impl(family_name: str, name: str) -> None:
+    """Remove one impl (a family left empty goes too): the CLI's plugin stand-ins."""
+    reg = _FAMILIES.get(family_name)
+    if reg is not None:
+        reg.discard(name)
+        if not reg.names():
+            del _FAMILIES[family_name]
 
 
 def families() -> list[str]:

@@ -1,6 +1,6 @@
 """Kernel cells, coordinator side: `fusebench kernel` arguments -> one CellSpec per impl x mode x
 shape (the cell side, which runs one, is cell/kernel_cell.py). Every bad value is a UsageError
-here, before any worker starts; a user impl file is imported once to check it."""
+here, before any worker starts; a user impl file is imported once, in the probe, to check it."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,18 +64,25 @@ def apply_sweep(shapes: list[list[int]], sweep: str | None) -> list[list[int]]:
     return out
 
 
+def user_impls(text: str) -> list[str]:
+    """The --impl entries that are files (path/file.py:fn), checked as far as the CLI can
+    without running them; the probe imports them (run/probe.py)."""
+    from fusebench.kernels.registry import is_user_impl
+    from fusebench.loading import check_ref
+    refs = [n for n in parse_list(text, "--impl") if is_user_impl(n)]
+    for ref in refs:
+        check_ref(ref, "user impl", "function")
+    return refs
+
+
 def resolve_impls(family: str, text: str) -> list[str]:
     from fusebench.kernels.registry import family as family_registry
-    from fusebench.kernels.registry import is_user_impl, load_user_impl
+    from fusebench.kernels.registry import is_user_impl
     reg = family_registry(family)
     names = parse_list(text, "--impl")
     if names == ["all"]:
         return reg.names()
-    named = [n for n in names if not is_user_impl(n)]
-    reg.resolve(named)                      # every unknown name in one error
-    for n in names:
-        if is_user_impl(n):
-            load_user_impl(n)               # fail at planning time, not in a worker
+    reg.resolve([n for n in names if not is_user_impl(n)])   # every unknown name in one error
     return list(dict.fromkeys(names))
 
 
@@ -91,6 +98,11 @@ def resolve_modes(text: str) -> list[str]:
 
 def plan_kernel(req: KernelRequest) -> list[CellSpec]:
     from fusebench.kernels.registry import families
+    from fusebench.run import probe
+    check_timeout(req.timeout)
+    # plugins and user impl files are loaded in a probe, before the family is looked up (a
+    # plugin may add it): fail at planning time, not in a worker
+    probe.load(device=req.device, timeout=req.timeout, impls=user_impls(req.impls))
     if req.family not in families():
         raise unknown_name("kernel family", [req.family], families())
     from fusebench.kernels import PROBLEMS
@@ -105,7 +117,6 @@ def plan_kernel(req: KernelRequest) -> list[CellSpec]:
         raise unknown_name("dtype", [req.dtype], DTYPES)
     if req.warmup < 0 or req.steps < 1:
         raise UsageError("--warmup must be >= 0 and --steps >= 1")
-    check_timeout(req.timeout)
     impls = resolve_impls(req.family, req.impls)
     modes = resolve_modes(req.modes)
     shapes = apply_sweep([parse_shape(s) for s in (req.shapes or (problem.default_shape,))],

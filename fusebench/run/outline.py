@@ -56,17 +56,19 @@ def estimate(specs: Sequence[CellSpec], step_s: Sequence[float | None] = ()
 def default_sizes(specs: Sequence[CellSpec]) -> dict[tuple[str, str], int]:
     """(model, bench) -> the side length a cell with no --img-size runs at (nothing built)."""
     from fusebench.models.source import resolve_model
+    from fusebench.run.probe import is_user_model
     out = {}
     for s in specs:
         m = s.model
         if m is None or m.img_size is not None or (m.name, m.bench) in out:
             continue
+        if is_user_model(m.name):    # the CLI never imports user code (run/probe.py)
+            continue
         try:
             src = resolve_model(m.name)
         except Exception:     # informational only; the cell reports a bad model itself
             continue
-        if src.kind != "file" or hasattr(src.factory, "input_size"):  # else: known once built
-            out[(m.name, m.bench)] = src.input_size(m.bench)[1]
+        out[(m.name, m.bench)] = src.input_size(m.bench)[1]
     return out
 
 

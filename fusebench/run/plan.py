@@ -72,27 +72,22 @@ def resolve_device(text: str) -> str:
 
 
 def plan_run(req: RunRequest) -> list[CellSpec]:
-    from fusebench.models.source import coerce_kwargs, parse_model_kwargs, resolve_model
-    from fusebench.plugins import load_plugins
+    from fusebench.models.source import parse_model_kwargs
 
-    load_plugins()
     device, dist = _check_settings(req)
-    sources = [resolve_model(m) for m in parse_list(req.models, "model")]
-    mode_names = _mode_names(req)
-    options = _cell_options(mode_names, req.mode_options)
     batches, sizes, warmup, steps = _counts(req)
     budget = timing_budget(req)
     kwargs = parse_model_kwargs(req.model_kwargs)
+    models = _check_models(parse_list(req.models, "model"), kwargs, sizes, req.timeout, device)
+    mode_names = _mode_names(req)
+    options = _cell_options(mode_names, req.mode_options)
     benches = BENCHES if req.bench == "both" else (req.bench,)
 
     specs = []
-    for src, bench, batch, size in itertools.product(sources, benches, batches, sizes):
-        coerce_kwargs(src.factory, kwargs)   # unknown kwargs fail here, not in every worker
-        if size is not None:
-            src.validate_img_size(size)
+    for model, bench, batch, size in itertools.product(models, benches, batches, sizes):
         for mode in mode_names:
             specs.append(CellSpec.for_model(
-                src.name, mode, bench=bench, batch_size=batch,
+                model, mode, bench=bench, batch_size=batch,
                 img_size=size,          # None: the worker uses the model's default
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp or req.amp_dtype is not None,
                 amp_dtype=req.amp_dtype, device=device,
@@ -121,6 +116,30 @@ def fits_batch(req: RunRequest, specs: list[CellSpec]) -> bool:
     return (req.batch_sizes is None and not req.quick and req.dist is None and bool(specs)
             and all(s.device == "cpu" and s.model is not None and s.dist is None
                     for s in specs))
+
+
+def _check_models(names: list[str], kwargs: dict[str, str], sizes: list[int | None],
+                  timeout: float, device: str) -> list[str]:
+    """Each model resolves and takes the --model-kwargs and every --img-size; unknown kwargs
+    fail here, not in every worker. User files and plugin models are checked by the probe
+    (run/probe.py): the CLI never imports user code."""
+    from fusebench.loading import check_ref
+    from fusebench.models.source import coerce_kwargs, resolve_model
+    from fusebench.run import probe
+
+    files = [m for m in names if probe.is_user_model(m)]
+    for m in files:
+        check_ref(m, "model", "factory")
+    with_plugins = bool(probe.plugins_value())
+    probed = [m for m in names if m in files or (with_plugins and not m.startswith("timm:"))]
+    probe.load(device=device, timeout=timeout, models=probed, model_kwargs=kwargs,
+               img_sizes=[s for s in sizes if s is not None])
+    for src in (resolve_model(m) for m in names if m not in probed):
+        coerce_kwargs(src.factory, kwargs)
+        for size in sizes:
+            if size is not None:
+                src.validate_img_size(size)
+    return names
 
 
 def _check_settings(req: RunRequest):
