@@ -121,6 +121,11 @@ def noise_of(r: Record) -> str | None:
     frac = noisy_fraction(r.step_ms)
     if frac is not None:
         return f"IQR/median {frac:.0%}"
+    return busy_of(r)
+
+
+def busy_of(r: Record) -> str | None:
+    """Why this record was timed on a busy machine (its contention fields or event), or None."""
     busy = _busy(r.extra.get("contention"))
     if busy:
         return busy
@@ -133,8 +138,10 @@ def _busy(fields: Any) -> str | None:
     try:
         if not isinstance(fields, dict) or not contention.is_contended(fields):
             return None
+        gpu = "; others on the GPU" if contention.gpu_shared(fields.get("gpu_processes")) else ""
         return (f"machine busy: other processes {fields['others_frac']:.0%} of "
-                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}")
+                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}"
+                + gpu)
     except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
         return None
 
