@@ -158,6 +158,10 @@ def test_one_process_per_side_gets_a_note(tmp_path):
     b = write_results(tmp_path / "b.json", [model_record(seed=2)])
     cmp = compare_files([a, b])
     assert any("--repeat" in n for n in cmp.notes)
+    res = CliRunner().invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "note: 1 comparison(s) rest on one worker process" in res.output
+    js = CliRunner().invoke(app, ["compare", str(a), str(b), "--format", "json"])
+    assert any("--repeat" in n for n in json.loads(js.stdout)["notes"])
 
 
 # ----- end to end -----------------------------------------------------------------------------
