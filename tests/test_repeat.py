@@ -61,9 +61,14 @@ def test_the_minimum_effect_follows_the_process_spread():
 
 # ----- the merged record ----------------------------------------------------------------------
 
+QUIET = {"window_s": 1.0, "worker_cores": 1, "cpu_count": 2, "others_cpu_s": 0.0,
+         "others_frac": 0.0, "steal_frac": 0.0, "load1": 0.5}
+
+
 def _procs(medians, **kw) -> list[Record]:
     return [model_record(base_ms=m, seed=i, n=8, sigma=0.01, compile_s=1.0 + i,
-                         extra={"tflops": 1.0, "contention": {"others_frac": 0.05 * i}}, **kw)
+                         extra={"tflops": 1.0, "contention": {**QUIET, "others_frac": 0.05 * i}},
+                         **kw)
             for i, m in enumerate(medians)]
 
 
@@ -80,6 +85,21 @@ def test_merge_keeps_each_process_and_pools_the_samples():
     assert m.extra["contention"]["others_frac"] == pytest.approx(0.1)    # the worst process
     assert m.extra["tflops"] == pytest.approx(recs[0].step_ms.median / m.step_ms.median)
     assert [tuple(g) for g in m.step_ms.process_groups()] == [r.step_ms.samples for r in recs]
+
+
+def test_merged_noise_and_contention_events_are_judged_once():
+    from fusebench.spec import Event
+    busy = {**QUIET, "others_cpu_s": 0.6, "others_frac": 0.6}
+    recs = [r.replace(events=(Event("noise", "fusebench", f"noisy {i}"),
+                              Event("contention", "fusebench", f"busy {i}"),
+                              Event("warning", "python", "same warning")),
+                      extra={**r.extra, "contention": {**busy, "others_frac": 0.2 * (i + 1)}})
+            for i, r in enumerate(_procs([100.0, 200.0]))]
+    m = merge_processes(recs)
+    kinds = sorted(e.kind for e in m.events)
+    assert kinds == ["contention", "noise", "warning"]        # one of each
+    assert "40%" in next(e.message for e in m.events if e.kind == "contention")  # the worst
+    assert "over 2 processes" in next(e.message for e in m.events if e.kind == "noise")
 
 
 def test_a_failed_process_fails_the_cell_and_says_which():

@@ -79,11 +79,25 @@ def _process_summary(r: Record) -> dict[str, Any]:
             "others_frac": c.get("others_frac") if isinstance(c, dict) else None}
 
 
-def _events(records: list[Record]) -> tuple[Event, ...]:
-    """Every process's events once (the same warning recurs in each: the largest count)."""
+# events about one process's timing: judged again on the merged record
+_PER_PROCESS = ("noise", "contention")
+
+
+def _events(records: list[Record], stats: StepStats, worst: Any) -> tuple[Event, ...]:
+    """Every process's events once (the same warning recurs in each: the largest count); the
+    noise and contention verdicts of the pooled samples and the worst process instead of each
+    process's own."""
+    from fusebench.measure import contention
+    from fusebench.measure.noise import NOISY, noisy_fraction
     seen: dict[tuple, Event] = {}
+    frac = noisy_fraction(stats)
+    if frac is not None:
+        seen[("noise",)] = Event("noise", "fusebench", f"noisy timing: IQR/median = {frac:.0%} "
+                                 f"(> {NOISY:.0%}) over {len(records)} processes")
+    if worst is not None and contention.is_contended(worst):
+        seen[("contention",)] = Event("contention", "fusebench", contention.describe(worst))
     for r in records:
-        for e in r.events:
+        for e in (e for e in r.events if e.kind not in _PER_PROCESS):
             k = (e.kind, e.source, e.message)
             if k not in seen or e.count > seen[k].count:
                 seen[k] = e
@@ -119,6 +133,7 @@ def merge_processes(records: list[Record], asked: int | None = None) -> Record:
     peaks = [r.peak_mem_bytes for r in records if r.peak_mem_bytes is not None]
     throughput = (first.spec.samples_per_step * 1000.0 / stats.median
                   if first.throughput is not None and stats.median > 0 else first.throughput)
-    return first.replace(step_ms=stats, throughput=throughput, events=_events(records),
+    return first.replace(step_ms=stats, throughput=throughput,
+                         events=_events(records, stats, worst),
                          compile_s=statistics.median(compile_s) if compile_s else None,
                          peak_mem_bytes=max(peaks) if peaks else None, extra=extra)
