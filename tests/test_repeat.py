@@ -2,6 +2,7 @@
 compare whose interval resamples processes, so run-to-run drift is not called a regression."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,8 +14,8 @@ from fusebench.errors import UsageError
 from fusebench.results import stats
 from fusebench.results.compare import compare_files
 from fusebench.results.document import load_records
-from fusebench.run.repeat import merge_processes, resolve_repeat, run_processes
-from fusebench.spec import Record, StepStats
+from fusebench.run.repeat import merge_processes, per_process, resolve_repeat, run_processes
+from fusebench.spec import CellSpec, Record, StepStats
 from tests.factories import model_record, write_results
 from tests.helpers import TINY
 
@@ -61,6 +62,7 @@ def test_the_minimum_effect_follows_the_process_spread():
 
 # ----- the merged record ----------------------------------------------------------------------
 
+_SPEC = CellSpec.for_model("convnext_tiny", "eager", batch_size=8, img_size=224, budget=30.0)
 QUIET = {"window_s": 1.0, "worker_cores": 1, "cpu_count": 2, "others_cpu_s": 0.0,
          "others_frac": 0.0, "steal_frac": 0.0, "load1": 0.5}
 
@@ -111,8 +113,19 @@ def test_a_failed_process_fails_the_cell_and_says_which():
 def test_run_processes_stops_at_a_failure_and_reports_progress():
     out = iter(_procs([100.0]) + [model_record(status="timeout")] + _procs([100.0]))
     phases: list[str] = []
-    rec = run_processes(3, lambda: next(out), phases.append)
+    seen = []
+
+    def launch(spec):
+        seen.append(spec.budget)
+        return next(out)
+    rec = run_processes(_SPEC, 3, launch, phases.append)
     assert rec.status == "timeout" and phases == ["process 1 of 3", "process 2 of 3"]
+    assert seen == [10.0, 10.0] and rec.spec.budget == 30.0   # the budget is shared
+
+
+def test_a_fixed_step_count_stays_per_process():
+    spec = dataclasses.replace(_SPEC, budget=None, steps=7)
+    assert per_process(spec, 3) == spec
 
 
 def test_wait_idle_waits_before_each_process_and_says_so():
@@ -126,7 +139,8 @@ def test_wait_idle_waits_before_each_process_and_says_so():
             on_wait({**load, "waited_s": 1.0})
         return load
     recs = iter(_procs([100.0, 100.0]))
-    rec = run_processes(2, lambda: next(recs), phases.append, wait_idle=True, wait=fake_wait)
+    rec = run_processes(_SPEC, 2, lambda s: next(recs), phases.append, wait_idle=True,
+                        wait=fake_wait)
     assert [w["idle"] for w in rec.extra["wait_idle"]] == [True, False]
     assert any(p.startswith("waiting for an idle machine") for p in phases)
     assert any("still busy after 300 s" in p for p in phases)

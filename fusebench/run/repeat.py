@@ -15,12 +15,13 @@ makes the cell fail: its record is returned, saying which process it was.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 from fusebench.errors import UsageError
-from fusebench.spec import Event, Record, StepStats
+from fusebench.spec import CellSpec, Event, Record, StepStats
 
 MAX_REPEAT = 100
 DEFAULT_REPEAT = 3          # compare-grade: three processes resolve ~15-25% on a busy 2-core box
@@ -38,8 +39,17 @@ def resolve_repeat(given: int | None, quick: bool) -> int:
     return n
 
 
-def run_processes(n: int, launch: Callable[[], Record], on_phase: Callable[[str], None],
-                  wait_idle: bool = False, wait=None) -> Record:
+def per_process(spec: CellSpec, n: int) -> CellSpec:
+    """Each of n processes times budget / n seconds: --repeat costs n builds and warm-ups,
+    not n times the timed steps (a fixed --steps count stays per process)."""
+    if n > 1 and spec.budget is not None:
+        return dataclasses.replace(spec, budget=spec.budget / n)
+    return spec
+
+
+def run_processes(spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
+                  on_phase: Callable[[str], None], wait_idle: bool = False,
+                  wait=None) -> Record:
     """launch() n times (each a fresh worker process) and merge; stops at the first failure."""
     records, waited = [], []
     for k in range(n):
@@ -47,11 +57,13 @@ def run_processes(n: int, launch: Callable[[], Record], on_phase: Callable[[str]
             waited.append(_wait(on_phase, wait))
         if n > 1:
             on_phase(f"process {k + 1} of {n}")
-        rec = launch()
+        rec = launch(per_process(spec, n))
         records.append(rec)
         if rec.status != "ok" or rec.step_ms is None:
             break
     out = merge_processes(records, n)
+    if out.spec.budget != spec.budget:      # the record says the budget the user asked for
+        out = out.replace(spec=dataclasses.replace(out.spec, budget=spec.budget))
     if waited:
         out = out.replace(extra={**out.extra, "wait_idle": waited})
     return out

@@ -213,7 +213,7 @@ def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptio
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):
             progress.start(i, spec.label())
-            rec = run_processes(opts.repeat, lambda: run_one(spec, opts, progress.phase),
+            rec = run_processes(spec, opts.repeat, lambda s: run_one(s, opts, progress.phase),
                                 progress.phase, opts.wait_idle)
             if notes and notes[i]:
                 rec = rec.replace(extra={**rec.extra, **notes[i]})
