@@ -304,6 +304,10 @@ class StepStats:
     p90: float
     n: int
     samples: tuple[float, ...]
+    # --repeat N: `samples` is N worker processes' steps one after the other; process_sizes
+    # splits them back, process_medians are each process's median. Empty: one process.
+    process_sizes: tuple[int, ...] = ()
+    process_medians: tuple[float, ...] = ()
 
     @classmethod
     def from_samples(cls, samples_ms) -> "StepStats":
@@ -314,9 +318,36 @@ class StepStats:
         return cls(median=q(xs, 0.5), iqr=q(xs, 0.75) - q(xs, 0.25), p10=q(xs, 0.1),
                    p90=q(xs, 0.9), n=len(xs), samples=tuple(float(s) for s in samples_ms))
 
+    @classmethod
+    def from_processes(cls, groups) -> "StepStats":
+        """Pooled statistics of several worker processes' samples, keeping who measured what."""
+        groups = [[float(s) for s in g] for g in groups if len(g)]
+        pooled = cls.from_samples([s for g in groups for s in g])
+        if len(groups) < 2:
+            return pooled
+        meds = tuple(_quantile(sorted(g), 0.5) for g in groups)
+        return dataclasses.replace(pooled, process_sizes=tuple(len(g) for g in groups),
+                                   process_medians=meds)
+
+    def process_groups(self) -> list[tuple[float, ...]]:
+        """The samples of each worker process (one group when there was one process, or when
+        the sizes do not add up, as in a hand-edited file)."""
+        if len(self.process_sizes) < 2 or sum(self.process_sizes) != len(self.samples):
+            return [self.samples]
+        out, i = [], 0
+        for n in self.process_sizes:
+            out.append(self.samples[i:i + n])
+            i += n
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["samples"] = list(self.samples)
+        for k in ("process_sizes", "process_medians"):   # one process: the old layout
+            if d[k]:
+                d[k] = list(d[k])
+            else:
+                del d[k]
         return d
 
     @classmethod
@@ -324,7 +355,9 @@ class StepStats:
         if d is None:
             return None
         return cls(median=d["median"], iqr=d["iqr"], p10=d["p10"], p90=d["p90"], n=d["n"],
-                   samples=tuple(d.get("samples", ())))
+                   samples=tuple(d.get("samples", ())),
+                   process_sizes=tuple(d.get("process_sizes") or ()),
+                   process_medians=tuple(d.get("process_medians") or ()))
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:

@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("FUSEBENCH_TEST", "1")     # inherited by every worker a test starts
+# one worker process per cell unless a test asks for --repeat (the CLI's default is 3)
+os.environ.setdefault("FUSEBENCH_REPEAT", "1")
 
 
 def _load_plugins(monkeypatch, plugins: str) -> None:

@@ -53,6 +53,8 @@ def compare(
         raise typer.Exit(1)
     for w in cmp.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
+    for n in cmp.notes:
+        err.print(f"[dim]note: {escape(n)}[/dim]", highlight=False, soft_wrap=True)
     if fmt.value == "table":
         render_table(cmp, Console(), wide, max_rows)
     else:

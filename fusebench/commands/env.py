@@ -28,6 +28,19 @@ def _section(t: Table, name: str, d: dict[str, Any], keys: list[tuple[str, str]]
         name = ""
 
 
+def _load_text(load: dict[str, Any]) -> str:
+    """'others busy 97% of 2 cores, steal 0%, load 2.3 / 1.2 / 1.1' (+ a warning when busy)."""
+    from fusebench.measure.contention import CONTENDED
+    avg = " / ".join("?" if v is None else f"{v:.2f}" for v in
+                     (load.get("load1"), load.get("load5"), load.get("load15")))
+    text = (f"others busy {load['busy_frac']:.0%} of {load['cpu_count']} cores, steal "
+            f"{load['steal_frac']:.0%}, load average {avg}")
+    if max(load["busy_frac"], load["steal_frac"]) > CONTENDED:
+        text += (" [yellow](busy: timings now would be unreliable; `run --wait-idle` waits "
+                 "for quiet)[/yellow]")
+    return text
+
+
 def _render(env: dict[str, Any], console: Console) -> None:
     t = Table(title="fusebench environment", show_header=False, box=None, padding=(0, 2))
     t.add_column(style="bold cyan")
@@ -51,6 +64,8 @@ def _render(env: dict[str, Any], console: Console) -> None:
     else:
         t.add_row("memory", f"{_gib(mem.get('total_bytes'))} total, "
                             f"{_gib(mem.get('available_bytes'))} available")
+    if env.get("load"):
+        t.add_row("load", _load_text(env["load"]))
     console.print(t)
 
     gpus = env.get("gpus", {})
@@ -110,9 +125,11 @@ def env(
 
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got '{device}'")
-    from fusebench.run.probe import load
-    load(device=device)         # plugins' modes and kernel impls are listed too
-    data = collect_env(availability=True, device=device)
+    from fusebench.measure.contention import current_load
+    from fusebench.run import probe
+    load = current_load(0.5)        # before the probe and collecting: they are not the machine's
+    probe.load(device=device)       # plugins' modes and kernel impls are listed too
+    data = {**collect_env(availability=True, device=device), "load": load}
     if as_json:
         sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
     else:

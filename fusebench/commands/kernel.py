@@ -44,6 +44,8 @@ def kernel(
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 20,
     seed: Annotated[int, typer.Option()] = 0,
     timeout: Annotated[float, typer.Option(help="Per-cell timeout, seconds.")] = 900.0,
+    repeat: Annotated[int, typer.Option(help="Worker processes per cell (>= 3 for runs you "
+                                              "compare).")] = 1,
     out: Annotated[Path, typer.Option(help="Folder for the results document.")] = Path("results"),
     no_save: Annotated[bool, typer.Option(
         "--no-save", help="Do not write the results document.")] = False,
@@ -62,10 +64,12 @@ def kernel(
                         sweep=sweep, dtype=dtype.value, channels_last=channels_last,
                         direction=direction.value, modes=mode, device=resolve_device(device),
                         warmup=warmup, steps=steps, seed=seed, timeout=timeout)
+    from fusebench.run.repeat import resolve_repeat
     specs = plan_kernel(req)
+    repeat = resolve_repeat(repeat, quick=True)
     code = execute(specs, stem=f"kernel-{family}", out=out, save=not no_save, json_out=json_out,
                    retry_oom=False, argv=sys.argv, details=print_details,
-                   table=functools.partial(kernel_table, wide=wide))
+                   table=functools.partial(kernel_table, wide=wide), repeat=repeat)
     raise typer.Exit(code)
 
 

@@ -70,6 +70,13 @@ RUNNING = (
     _p("seed", int, 0, typer.Option(help="Seed of the model init and the inputs.")),
     _p("threads", Optional[int], None, typer.Option(
         help="torch.set_num_threads in each worker (default: torch's choice).")),
+    _p("repeat", Optional[int], None, typer.Option(
+        envvar="FUSEBENCH_REPEAT", help="Worker processes per cell, each with its own warm-up; "
+        "compare resamples processes, so runs you compare need >= 3. Default: 3, 1 with "
+        "--quick.")),
+    _p("wait_idle", bool, False, typer.Option(
+        "--wait-idle", help="Before each process, wait (up to 5 min) until other processes "
+                            "leave the cores idle.")),
 )
 DISTRIBUTED = (
     _p("nproc", Optional[int], None, typer.Option(
@@ -131,13 +138,16 @@ def run(**params: Any) -> None:
     from fusebench.render.run_table import run_table
     from fusebench.run.session import execute
 
+    from fusebench.run.repeat import resolve_repeat
     req = request(params)
     specs = plan_run(req)
+    repeat = resolve_repeat(params["repeat"], params["quick"])
     code = execute(specs, stem=params["model"].split(",")[0], out=params["out"],
                    save=not params["no_save"], json_out=params["json_out"],
                    warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
                    argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]),
-                   prepare=lambda s: fitted(req, s))
+                   prepare=lambda s: fitted(req, s), repeat=repeat,
+                   wait_idle=params["wait_idle"])
     raise typer.Exit(code)
 
 

@@ -80,13 +80,20 @@ class CpuWindow:
 
 def is_contended(fields: dict[str, Any] | None) -> bool:
     return bool(fields) and (fields["others_frac"] > CONTENDED
-                             or fields["steal_frac"] > CONTENDED)
+                             or fields["steal_frac"] > CONTENDED
+                             or gpu_shared(fields.get("gpu_processes")))
 
 
 def describe(fields: dict[str, Any]) -> str:
-    return (f"other processes used {fields['others_frac']:.0%} of the worker's "
+    load = fields.get("load1")
+    text = (f"other processes used {fields['others_frac']:.0%} of the worker's "
             f"{fields['worker_cores']} core(s) while it was timed (steal "
-            f"{fields['steal_frac']:.0%}, load {fields['load1']:.2f}): timings are unreliable")
+            f"{fields['steal_frac']:.0%}, load {'?' if load is None else f'{load:.2f}'})")
+    g = fields.get("gpu_processes")
+    if gpu_shared(g):
+        pids = ", ".join(str(p["pid"]) for p in g["others"][:4])
+        text += f"; other processes on the GPU (pids {pids})"
+    return text + ": timings are unreliable"
 
 
 def current_load(window_s: float = 0.5) -> dict[str, Any]:
@@ -116,9 +123,12 @@ def wait_until_idle(max_busy: float = CONTENDED, timeout_s: float = 600.0,
         on_wait(load)
 
 
-def gpu_other_processes(device_index: int) -> list[dict[str, Any]] | None:
-    """Other processes on this GPU (NVML), or None without NVML: a second job on the card
-    shares its SMs and memory bandwidth just as a second process shares a CPU core."""
+def gpu_other_processes(device_index: int) -> dict[str, Any] | None:
+    """Processes on this GPU besides us (NVML), or None without NVML: a second job on the card
+    shares its SMs and memory bandwidth just as a second process shares a CPU core.
+
+    {"others": [{"pid", "used_memory"}], "self_listed": bool}. In a container NVML reports the
+    host's pids, so our own entry may not match os.getpid(): then one of `others` is us."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -128,5 +138,14 @@ def gpu_other_processes(device_index: int) -> list[dict[str, Any]] | None:
     except Exception:     # no driver / no library / not supported: nothing to say
         return None
     me = os.getpid()
-    return [{"pid": p.pid, "used_memory": getattr(p, "usedGpuMemory", None)}
-            for p in procs if p.pid != me]
+    pids = list(dict.fromkeys(p.pid for p in procs))     # compute + graphics: once each
+    used = {p.pid: getattr(p, "usedGpuMemory", None) for p in procs}
+    return {"others": [{"pid": pid, "used_memory": used[pid]} for pid in pids if pid != me],
+            "self_listed": me in pids}
+
+
+def gpu_shared(g: Any) -> bool:
+    """Another process holds a context on the worker's GPU (see gpu_other_processes)."""
+    if not isinstance(g, dict) or not isinstance(g.get("others"), list):
+        return False
+    return len(g["others"]) > (0 if g.get("self_listed") else 1)

@@ -25,6 +25,12 @@ def rss_bytes() -> int | None:
     return kib * 1024 if kib is not None else None
 
 
+def file_rss_bytes() -> int | None:
+    """Resident pages mapped from files: shared-library code and data, read-only weights."""
+    kib = _status_kib("RssFile")
+    return kib * 1024 if kib is not None else None
+
+
 def hwm_bytes() -> int | None:
     """Peak RSS of this process. ru_maxrss is inherited across fork/exec; VmHWM is not."""
     kib = _status_kib("VmHWM")
@@ -50,6 +56,28 @@ def _trim_heap() -> None:
         pass
 
 
+# glibc's mmap threshold starts at 128 KiB and rises to the size of the largest mmapped block
+# freed so far (up to 32 MiB), the trim threshold with it: a process's history decides whether
+# a step's activations come from fresh mmaps (unmapped at free) or from the heap (kept, and
+# fragmenting). The float64 correctness run frees blocks twice the size of the step's, so after
+# it more of the timed steps' tensors stayed on the heap: --no-check changed the peak by ~5%.
+# Fixed thresholds (mallopt also turns the dynamic rise off) at the value the rise tends to
+# anyway give every cell the same allocator whatever ran before its window.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20
+
+
+def pin_malloc(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap and trim thresholds; False where there is no glibc."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+                    and libc.mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 class PeakMemory:
     """Call reset() after the model is built, peak() after a measured window: bytes above the
     post-build baseline (weights and framework libraries are not counted). reset_peak() starts
@@ -58,13 +86,37 @@ class PeakMemory:
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)
         self.baseline = 0
+        self.file_baseline = 0
+        self.harness = 0        # bytes the harness left allocated above the baseline
 
     def reset(self) -> None:
+        if self.device.type == "cpu":
+            pin_malloc()
         self.reset_peak()
         if self.device.type == "cuda":
             self.baseline = torch.cuda.memory_allocated(self.device)
         else:
             self.baseline = rss_bytes() or 0
+            self.file_baseline = file_rss_bytes() or 0
+
+    def _private(self) -> int:
+        """What the harness can leave behind: allocator bytes (CUDA), anonymous RSS (CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.memory_allocated(self.device)
+        _trim_heap()
+        return (rss_bytes() or 0) - (file_rss_bytes() or 0)
+
+    @contextlib.contextmanager
+    def excluded(self):
+        """Harness work between windows (the correctness reference): what it leaves allocated
+        (caches of a float64 run, ~3 MB for convnext_atto) is not the mode's and is taken out
+        of every later peak; it made --no-check change a cell's peak by ~5%."""
+        before = self._private()
+        try:
+            yield
+        finally:
+            self.harness += max(0, self._private() - before)
 
     def reset_peak(self) -> None:
         if self.device.type == "cuda":
@@ -77,9 +129,20 @@ class PeakMemory:
     def peak(self) -> int | None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline
+                       - self.harness)
         hwm = hwm_bytes()
-        return None if hwm is None else max(0, hwm - self.baseline)
+        if hwm is None:
+            return None
+        # Library code the step runs for the first time is paged in from the page cache and
+        # counts in the RSS, though it is neither the mode's data nor private. A worker forked
+        # from the fork server starts without the parent's file-backed page-table entries (fork
+        # does not copy them), so it faults in ~5 MB more of libtorch than a fresh process that
+        # touched them while importing: without this, the same cell's peak differed by ~10%
+        # between the two launch paths. File pages stay mapped, so their growth until now is
+        # what the high-water mark holds of them (a slight underestimate if some came after it).
+        grown = max(0, (file_rss_bytes() or 0) - self.file_baseline)
+        return max(0, hwm - self.baseline - grown - self.harness)
 
     def total_peak(self) -> int | None:
         if self.device.type == "cuda":

@@ -272,7 +272,7 @@ def render_json(cmp: Comparison) -> str:
            "baseline": cmp.baseline, "rows": [r.to_dict(cmp.metric) for r in cmp.rows],
            "geomean": [{"label": g.label, "cells": g.cells, "verdict": g.verdict,
                         **g.ratio.to_dict()} for g in cmp.geomean],
-           "warnings": cmp.warnings, "env": cmp.env_summary,
+           "warnings": cmp.warnings, "notes": cmp.notes, "env": cmp.env_summary,
            "regressions": len(cmp.regressions())}
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 

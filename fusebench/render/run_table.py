@@ -57,14 +57,24 @@ _RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 0),
                 ("act mem", "right", 6), ("events", "right", 8), ("correctness", "left", 1)]
 
 
-def _run_cells(r: Record, ratio: str) -> list[str]:
+BUSY_MARK = "!"
+
+
+def _step(st, busy: bool) -> str:
+    """The median step time; marked when the machine was busy while it was timed."""
+    if not st:
+        return "-"
+    return f"[yellow]{st.median:.2f}{BUSY_MARK}[/]" if busy else f"{st.median:.2f}"
+
+
+def _run_cells(r: Record, ratio: str, busy: bool = False) -> list[str]:
     st, m = r.step_ms, r.spec.model
     return [escape(display_name(r.spec.subject)), escape(r.spec.variant()),
             m.bench if m else "-", str(m.batch_size) if m else "-",
             str(m.img_size or "-") if m else "-",
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{r.throughput:,.1f}" if r.throughput else "-",
-            f"{st.median:.2f}" if st else "-", f"± {st.iqr:.2f}" if st else "-", ratio,
+            _step(st, busy), f"± {st.iqr:.2f}" if st else "-", ratio,
             f"{r.compile_s:.2f}" if r.compile_s is not None else "-",
             fmt_bytes(r.peak_mem_bytes), fmt_bytes(r.activation_bytes),
             str(sum(e.count for e in r.events)), _correct(r)]
@@ -84,28 +94,39 @@ def ratio_cell(text: str, noisy: str | None) -> str:
     return f"[dim]{text}?[/]" if noisy else text
 
 
-def noise_footer(reasons: Iterable[str]) -> str | None:
+def noise_footer(reasons: Iterable[str], busy: Iterable[str] = ()) -> str | None:
     lines = dict.fromkeys(f"? {why}" for why in reasons)
-    if not lines:
-        return None
-    return escape("\n".join(lines)) + "\n[dim]?: a side of this ratio is noisy; rerun it[/]"
+    marks = dict.fromkeys(f"{BUSY_MARK} {why}" for why in busy)
+    parts = []
+    if lines:
+        parts.append(escape("\n".join(lines)) + "\n[dim]?: a side of this ratio is noisy; "
+                                                 "rerun it[/]")
+    if marks:
+        parts.append(escape("\n".join(marks)) + f"\n[dim]{BUSY_MARK}: other processes used "
+                     "the worker's cores while it was timed; rerun on a quiet machine "
+                     "(run --wait-idle)[/]")
+    return "\n".join(parts) or None
 
 
 def run_table(records: list[Record], title: str = "fusebench run", wide: bool = False):
     """The run table (a FitTable: it fits the console it is printed on)."""
-    from fusebench.results.compare import noisy_speedups, speedups  # scipy: only when drawn
+    from fusebench.results.compare import busy_of, noisy_speedups, speedups  # scipy: if drawn
     sp = speedups(records, "eager")     # the cell's eager record is the denominator
     noisy = noisy_speedups(records, "eager")
-    rows = [_run_cells(r, ratio_cell(f"{sp[i]:.2f}x", noisy.get(i)) if i in sp else "-")
+    busy = {i: why for i, r in enumerate(records) if (why := busy_of(r))}
+    rows = [_run_cells(r, ratio_cell(f"{sp[i]:.2f}x", noisy.get(i)) if i in sp else "-",
+                       i in busy)
             for i, r in enumerate(records)]
     title, same = shared_title(title, _title_fields(records))
     keep = [i for i, (h, _, _) in enumerate(_RUN_COLUMNS) if h not in same]
     cols = [Column(h, j, d, wrap=(h == "correctness"), fold=h in ("model", "mode"))
             for h, j, d in _RUN_COLUMNS]
     t = FitTable([cols[i] for i in keep], title=title, wide=wide,
-                 caption=noise_footer(f"{records[i].spec.variant()} vs eager: {why}"
-                                      for i, why in noisy.items()
-                                      if records[i].spec.variant() != "eager"))
+                 caption=noise_footer([f"{records[i].spec.variant()} vs eager: {why}"
+                                       for i, why in noisy.items()
+                                       if records[i].spec.variant() != "eager"],
+                                      [f"{records[i].spec.variant()}: {why}"
+                                       for i, why in busy.items()]))
     for row in rows:
         t.add_row(*[row[i] for i in keep])
     return t

@@ -121,6 +121,11 @@ def noise_of(r: Record) -> str | None:
     frac = noisy_fraction(r.step_ms)
     if frac is not None:
         return f"IQR/median {frac:.0%}"
+    return busy_of(r)
+
+
+def busy_of(r: Record) -> str | None:
+    """Why this record was timed on a busy machine (its contention fields or event), or None."""
     busy = _busy(r.extra.get("contention"))
     if busy:
         return busy
@@ -133,8 +138,10 @@ def _busy(fields: Any) -> str | None:
     try:
         if not isinstance(fields, dict) or not contention.is_contended(fields):
             return None
+        gpu = "; others on the GPU" if contention.gpu_shared(fields.get("gpu_processes")) else ""
         return (f"machine busy: other processes {fields['others_frac']:.0%} of "
-                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}")
+                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}"
+                + gpu)
     except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
         return None
 
@@ -205,6 +212,7 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
     geomean: list[GeoRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)    # advice about the data, not a problem
     env_summary: str = ""
     nothing_matched: str | None = None            # several files, no cell in two: why
 
@@ -218,6 +226,11 @@ def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ra
     boot = []
     for i, (base, cand) in enumerate(pairs):
         bs, cs = metric.samples(base), metric.samples(cand)
+        gb, gc = _process_groups(base), _process_groups(cand)
+        if bs and cs and max(len(gb), len(gc)) > 1:
+            # --repeat: resample processes, then steps; the floor is their own spread
+            out[i] = stats.speedup_ci_processes(gb, gc)
+            continue
         if bs and cs:   # samples are times: the gain is a speedup whichever way the metric reads
             boot.append((i, bs, cs))
             continue
@@ -227,6 +240,22 @@ def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ra
     for (i, _, _), r in zip(boot, stats.speedup_cis([(b, c) for _, b, c in boot])):
         out[i] = r
     return out
+
+
+def _process_groups(r: Record) -> list[tuple[float, ...]]:
+    """Step samples of each worker process of r (one group without --repeat)."""
+    return r.step_ms.process_groups() if r.step_ms and r.step_ms.samples else []
+
+
+def _single_process_warning(metric: Metric, pending) -> str | None:
+    """Across runs, a CI from one process per side sees only within-process noise, and whole
+    processes drift 20-75% on a shared machine (issue 13.4): say so once."""
+    single = sum(1 for _, b, c in pending if metric.samples(c)
+                 and max(len(_process_groups(b)), len(_process_groups(c))) < 2)
+    if not single:
+        return None
+    return (f"{single} comparison(s) rest on one worker process per side: their intervals "
+            f"cannot see run-to-run drift; rerun with --repeat 3 or more")
 
 
 def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
@@ -393,6 +422,8 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
             cmp.rows.append(row)
         gi += 1
     _judge_ratios(metric, pending, fail_pct)
+    if (why := _single_process_warning(metric, pending)):
+        cmp.notes.append(why)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
 

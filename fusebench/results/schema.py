@@ -129,6 +129,8 @@ class StepStatsT(TypedDict):
     p90: NonNeg
     n: Count
     samples: NotRequired[Samples]
+    process_sizes: NotRequired[list[Positive]]      # --repeat: steps of each worker process
+    process_medians: NotRequired[Samples]           # and each one's median (ms)
 
 
 class EventT(TypedDict):

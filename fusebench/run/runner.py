@@ -18,6 +18,7 @@ from fusebench.run import distributed
 from fusebench.run import forkserver, killed
 from fusebench.run.progress import CellState
 from fusebench.run.reaper import CellProcesses
+from fusebench.run.repeat import run_processes
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.results.document import record_from_worker
 
@@ -35,6 +36,8 @@ class RunOptions:
     warm_cache: bool = False
     retry_oom: bool = True
     min_batch: int = 1
+    repeat: int = 1            # worker processes per cell (run/repeat.py)
+    wait_idle: bool = False    # wait for a quiet machine before each process
 
 
 def decay_batch(b: int) -> int:
@@ -207,7 +210,8 @@ def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptio
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):
             progress.start(i, spec.label())
-            rec = run_one(spec, opts, progress.phase)
+            rec = run_processes(spec, opts.repeat, lambda s: run_one(s, opts, progress.phase),
+                                progress.phase, opts.wait_idle)
             if notes and notes[i]:
                 rec = rec.replace(extra={**rec.extra, **notes[i]})
             records.append(rec)
