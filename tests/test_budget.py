@@ -154,6 +154,11 @@ def test_outline_says_cells_batch_steps_and_time():
     _, unknown, _ = outline.estimate(specs)
     assert not unknown                              # no probe: steps not counted, said so
     assert "not known before the run" in "\n".join(outline.describe(specs))
+    three = "\n".join(outline.describe(specs, [choice] * len(specs), repeat=3))
+    assert "3 worker processes" in three and "~10 s of 30 s of timed steps" in three
+    total3, _, first3 = outline.estimate(specs, [1.6, 1.6], repeat=3)
+    assert first < first3 < 3 * first          # one cold compile, then the cell's warm cache
+    assert total3 > total                      # three starts, warm-ups and checks
 
 
 # ------------------------------------------------------------------------ progress protocol

@@ -89,6 +89,30 @@ def test_merge_keeps_each_process_and_pools_the_samples():
     assert [tuple(g) for g in m.step_ms.process_groups()] == [r.step_ms.samples for r in recs]
 
 
+def test_shared_cache_takes_the_cold_compile_of_the_first_process():
+    m = merge_processes(_procs([100.0, 120.0, 110.0]), cold_first=True)
+    assert m.compile_s == 1.0 and "shared" in m.extra["compile_cache"]
+    assert [p["compile_s"] for p in m.extra["processes"]] == [1.0, 2.0, 3.0]
+
+
+def test_a_cells_processes_share_one_compile_cache(monkeypatch):
+    """Process 1 compiles cold into the cell's cache; 2..N reuse it (not N cold compiles)."""
+    from fusebench.run import runner
+    seen = []
+
+    def fake_run_one(spec, opts, on_phase):
+        seen.append(opts.cache_dir)
+        return _procs([100.0])[0]
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    spec = _procs([100.0])[0].spec
+    runner._measure(spec, runner.RunOptions(repeat=3), lambda _: None)
+    assert len(seen) == 3 and seen[0] is not None and len(set(seen)) == 1
+    assert not seen[0].exists()                      # removed with the cell
+    seen.clear()
+    runner._measure(spec, runner.RunOptions(repeat=1), lambda _: None)
+    assert seen == [None]                            # one process: its own fresh cache
+
+
 def test_merged_noise_and_contention_events_are_judged_once():
     from fusebench.spec import Event
     busy = {**QUIET, "others_cpu_s": 0.6, "others_frac": 0.6}
@@ -116,11 +140,12 @@ def test_run_processes_stops_at_a_failure_and_reports_progress():
     seen = []
 
     def launch(spec):
-        seen.append(spec.budget)
+        seen.append((spec.budget, spec.model.check))
         return next(out)
     rec = run_processes(_SPEC, 3, launch, phases.append)
     assert rec.status == "timeout" and phases == ["process 1 of 3", "process 2 of 3"]
-    assert seen == [10.0, 10.0] and rec.spec.budget == 30.0   # the budget is shared
+    assert seen == [(10.0, True), (10.0, False)]     # the budget is shared; process 1 checks
+    assert rec.spec.budget == 30.0
 
 
 def test_a_fixed_step_count_stays_per_process():

@@ -146,12 +146,12 @@ def run(**params: Any) -> None:
                    save=not params["no_save"], json_out=params["json_out"],
                    warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
                    argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]),
-                   prepare=lambda s: fitted(req, s), repeat=repeat,
+                   prepare=lambda s: fitted(req, s, repeat), repeat=repeat,
                    wait_idle=params["wait_idle"])
     raise typer.Exit(code)
 
 
-def fitted(req: RunRequest, specs: list) -> tuple[list, list[dict]]:
+def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[dict]]:
     """The planned cells with their CPU batch fitted to the budget where the run picks it (and
     per cell the record's `batch_choice`), after printing the run's outline: what it will do
     and roughly how long. Run by the session once every input check has passed."""
@@ -166,7 +166,7 @@ def fitted(req: RunRequest, specs: list) -> tuple[list, list[dict]]:
         specs, picks = autobatch.fit_batches(specs, budget, on_probe=lambda s: err.print(
             f"fitting the CPU batch to the budget: eager probe of {outline.short(s.model.name)}"
             f" at batch {autobatch.PROBE_BATCH}..."))
-    for line in outline.describe(specs, picks):
+    for line in outline.describe(specs, picks, repeat):
         err.print(line)
     return specs, [{"batch_choice": c.to_dict()} for c in picks] or [{} for _ in specs]
 

@@ -343,6 +343,10 @@ _DEFAULTS = {cls: _defaults(cls) for cls in (CellSpec, ModelPart, KernelPart, Di
 
 
 _N_FIELDS = {cls: len(dataclasses.fields(cls)) for cls in _DEFAULTS}
+# fields declared as tuples arrive as JSON lists: converted by declaration, so a tuple field
+# added to a dataclass later cannot come back as a list from this path
+_TUPLES = {cls: tuple(f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple"))
+           for cls in _DEFAULTS}
 
 
 def _new(cls: type, fields: dict[str, Any]) -> Any:
@@ -355,6 +359,9 @@ def _new(cls: type, fields: dict[str, Any]) -> Any:
     if len(fields) != _N_FIELDS[cls]:
         for k, v in _DEFAULTS[cls].items():
             fields.setdefault(k, v)
+    for k in _TUPLES[cls]:
+        if isinstance(fields.get(k), list):
+            fields[k] = tuple(fields[k])
     obj = object.__new__(cls)
     object.__setattr__(obj, "__dict__", fields)
     return obj
@@ -368,8 +375,6 @@ def _spec_exact(s: dict[str, Any]) -> CellSpec:
     m, k, dist = s.get("model"), s.get("kernel"), s.get("dist")
     if m:
         m["kwargs"] = _pairs(m.get("kwargs"))
-    if k:
-        k["shape"] = tuple(k["shape"])
     if dist and "kind" in dist:     # the earlier name of `strategy` (DistPart.from_dict)
         dist = {("strategy" if key == "kind" else key): v for key, v in dist.items()}
     s["model"] = _new(ModelPart, m) if m else None
@@ -383,10 +388,6 @@ def record_exact(d: dict[str, Any]) -> Record:
     """Record.from_dict for a record dict of a document schema.parse_exact accepted; the dict
     and its parts are taken over (they become the dataclasses' fields)."""
     st, c, e = d.get("step_ms"), d.get("correctness"), d.get("error")
-    if st is not None:
-        st["samples"] = tuple(st.get("samples", ()))
-    if c is not None:
-        c["checked_at"] = tuple(c.get("checked_at", ()))
     d["spec"] = _spec_exact(d["spec"])
     d["step_ms"] = _new(StepStats, st) if st is not None else None
     d["events"] = tuple(_new(Event, x) for x in d.get("events", ()))

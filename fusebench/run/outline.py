@@ -15,6 +15,7 @@ CHECK_STEPS = 8           # two checks: mode step + eager + float64 eager (~2-3 
 OTHER_STEPS = 3           # first call's step, activation bytes, FLOP count
 # a cold compile of a mid-size CNN's train step on a 2-core CPU takes minutes; on a GPU less
 FIRST_CALL_S = {("compile", "cpu"): 180.0, ("compile", "cuda"): 60.0}
+WARM_FIRST_CALL = 0.25    # --repeat: processes 2..N reuse the cell's compile cache (a guess)
 
 
 def _duration(s: float) -> str:
@@ -25,31 +26,35 @@ def _first_call_s(spec: CellSpec) -> float:
     return FIRST_CALL_S.get((spec.mode, spec.device.split(":")[0]), 0.0)
 
 
-def cell_seconds(spec: CellSpec, step_s: float | None) -> tuple[float, bool]:
-    """(estimated seconds, whether the step time was known: else steps are left out)."""
-    base = CELL_START_S + _first_call_s(spec)
+def cell_seconds(spec: CellSpec, step_s: float | None, repeat: int = 1) -> tuple[float, bool]:
+    """(estimated seconds, whether the step time was known: else steps are left out). repeat:
+    worker processes per cell, each with its own start, warm-up and checks and budget / repeat
+    of timed steps (run/repeat.py); only the first compiles cold."""
+    first = _first_call_s(spec) * (1 + WARM_FIRST_CALL * (repeat - 1))
+    base = CELL_START_S * repeat + first
     if step_s is None:
         return base + (spec.budget or 0.0), False
     if spec.budget is not None:
         from fusebench.measure.timer import calibrate_steps
-        timed = calibrate_steps([step_s * 1e3], spec.budget, max_steps=spec.steps) * step_s
+        timed = repeat * step_s * calibrate_steps([step_s * 1e3], spec.budget / repeat,
+                                                  max_steps=spec.steps)
     else:
-        timed = spec.steps * step_s
+        timed = repeat * spec.steps * step_s
     checks = CHECK_STEPS if spec.model is not None and spec.model.check and \
         spec.mode != "eager" else 0
-    return base + timed + (spec.warmup + checks + OTHER_STEPS) * step_s, True
+    return base + timed + (repeat * (spec.warmup + OTHER_STEPS) + checks) * step_s, True
 
 
-def estimate(specs: Sequence[CellSpec], step_s: Sequence[float | None] = ()
+def estimate(specs: Sequence[CellSpec], step_s: Sequence[float | None] = (), repeat: int = 1
              ) -> tuple[float, bool, float]:
     """(total seconds, whether every step time was known, of which first calls). step_s: per
     spec, an eager step time in seconds where a probe measured one (else None)."""
     steps = list(step_s) or [None] * len(specs)
     total, known, first = 0.0, True, 0.0
     for s, t in zip(specs, steps):
-        sec, k = cell_seconds(s, t)
+        sec, k = cell_seconds(s, t, repeat)
         total, known = total + sec, known and k
-        first += _first_call_s(s)
+        first += _first_call_s(s) * (1 + WARM_FIRST_CALL * (repeat - 1))
     return total, known, first
 
 
@@ -76,7 +81,7 @@ def short(model: str) -> str:
     return model.rsplit("/", 1)[-1]
 
 
-def describe(specs: Sequence[CellSpec], picks: Sequence = ()) -> list[str]:
+def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1) -> list[str]:
     """The lines printed before the first cell runs. picks: per spec, the autobatch
     BatchChoice that set its batch (empty when the batch was given)."""
     specs = [s for s in specs if s.model is not None]
@@ -97,9 +102,9 @@ def describe(specs: Sequence[CellSpec], picks: Sequence = ()) -> list[str]:
              f"  batch {batches}{why}, {px} px, {s0.dtype}"
              f"{', channels_last' if s0.channels_last else ''}"]
     lines += [f"    {short(c.model)}/{c.bench}: {c.why}" for c in choices]
-    lines.append("  " + _steps_text(s0))
+    lines.append("  " + _steps_text(s0, repeat))
     step_s = [c.est_step_ms() / 1e3 if c.est_step_ms() else None for c in picks]
-    total, known, first = estimate(specs, step_s)
+    total, known, first = estimate(specs, step_s, repeat)
     unknown = "" if known else " + steps whose time is not known before the run"
     note = f", of which ~{_duration(first)} compiling" if first else ""
     lines.append(f"  estimated time: ~{_duration(total)}{note}{unknown} (rough; --timeout "
@@ -107,9 +112,11 @@ def describe(specs: Sequence[CellSpec], picks: Sequence = ()) -> list[str]:
     return lines
 
 
-def _steps_text(s: CellSpec) -> str:
+def _steps_text(s: CellSpec, repeat: int = 1) -> str:
     check = "; correctness vs float64 eager" if s.model.check else ""
+    procs = (f"{repeat} worker processes (--repeat), each " if repeat > 1 else "")
     if s.budget is None:
-        return f"per cell: {s.warmup} warm-up + {s.steps} timed steps{check}"
-    return (f"per cell: {s.warmup} warm-up steps, then ~{s.budget:g} s of timed steps (count "
+        return f"per cell: {procs}{s.warmup} warm-up + {s.steps} timed steps{check}"
+    share = f"~{s.budget / repeat:g} s of {s.budget:g} s" if repeat > 1 else f"~{s.budget:g} s"
+    return (f"per cell: {procs}{s.warmup} warm-up steps, then {share} of timed steps (count "
             f"calibrated from the warm-up; --steps N fixes it){check}")

@@ -39,17 +39,21 @@ def resolve_repeat(given: int | None, quick: bool) -> int:
     return n
 
 
-def per_process(spec: CellSpec, n: int) -> CellSpec:
-    """Each of n processes times budget / n seconds: --repeat costs n builds and warm-ups,
-    not n times the timed steps (a fixed --steps count stays per process)."""
+def per_process(spec: CellSpec, n: int, k: int = 0) -> CellSpec:
+    """Process k of n times budget / n seconds: --repeat costs n builds and warm-ups, not n
+    times the timed steps (a fixed --steps count stays per process). Only the first process
+    checks correctness (the merged record's check): the others are timing replicas, and a
+    float64 reference per process would cost several eager steps each."""
     if n > 1 and spec.budget is not None:
-        return dataclasses.replace(spec, budget=spec.budget / n)
+        spec = dataclasses.replace(spec, budget=spec.budget / n)
+    if k > 0 and spec.model is not None and spec.model.check:
+        spec = spec.with_model(check=False)
     return spec
 
 
 def run_processes(spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
                   on_phase: Callable[[str], None], wait_idle: bool = False,
-                  wait=None) -> Record:
+                  wait=None, cold_first: bool = False) -> Record:
     """launch() n times (each a fresh worker process) and merge; stops at the first failure."""
     records, waited = [], []
     for k in range(n):
@@ -57,11 +61,11 @@ def run_processes(spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
             waited.append(_wait(on_phase, wait))
         if n > 1:
             on_phase(f"process {k + 1} of {n}")
-        rec = launch(per_process(spec, n))
+        rec = launch(per_process(spec, n, k))
         records.append(rec)
         if rec.status != "ok" or rec.step_ms is None:
             break
-    out = merge_processes(records, n)
+    out = merge_processes(records, n, cold_first)
     if out.spec.budget != spec.budget:      # the record says the budget the user asked for
         out = out.replace(spec=dataclasses.replace(out.spec, budget=spec.budget))
     if waited:
@@ -122,8 +126,11 @@ def _worst_contention(records: list[Record]) -> Any:
     return max(cs, key=lambda c: c["others_frac"]) if cs else None
 
 
-def merge_processes(records: list[Record], asked: int | None = None) -> Record:
-    """One record from the records of the same cell measured by several processes."""
+def merge_processes(records: list[Record], asked: int | None = None,
+                    cold_first: bool = False) -> Record:
+    """One record from the records of the same cell measured by several processes. cold_first:
+    the later processes reused the first one's compile cache, so only the first one's first
+    call is the cold compile cost (each process's own stays in extra["processes"])."""
     asked = asked or len(records)
     last = records[-1]
     if len(records) == 1 and asked == 1:
@@ -135,13 +142,16 @@ def merge_processes(records: list[Record], asked: int | None = None) -> Record:
     stats = StepStats.from_processes([r.step_ms.samples for r in records])
     extra = {**first.extra, "repeat": asked,
              "processes": [_process_summary(r) for r in records]}
+    if cold_first:
+        extra["compile_cache"] = "shared: process 1 compiled cold, the others reused its cache"
     worst = _worst_contention(records)
     if worst is not None:
         extra["contention"] = worst
     for k in RATES:      # rates of the first process's median -> of the pooled median
         if isinstance(first.extra.get(k), (int, float)) and stats.median > 0:
             extra[k] = first.extra[k] * first.step_ms.median / stats.median
-    compile_s = [r.compile_s for r in records if r.compile_s is not None]
+    compile_s = [r.compile_s for r in (records[:1] if cold_first else records)
+                 if r.compile_s is not None]
     peaks = [r.peak_mem_bytes for r in records if r.peak_mem_bytes is not None]
     throughput = (first.spec.samples_per_step * 1000.0 / stats.median
                   if first.throughput is not None and stats.median > 0 else first.throughput)

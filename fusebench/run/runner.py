@@ -2,6 +2,7 @@
 costs only its own cell: it becomes a record, and the next cell runs."""
 from __future__ import annotations
 
+import dataclasses
 import collections
 import json
 import os
@@ -37,6 +38,7 @@ class RunOptions:
     retry_oom: bool = True
     min_batch: int = 1
     repeat: int = 1            # worker processes per cell (run/repeat.py)
+    cache_dir: Path | None = None   # the cell's compile cache, shared by its processes
     wait_idle: bool = False    # wait for a quiet machine before each process
 
 
@@ -58,7 +60,8 @@ class _Worker:
         tmp = Path(self.tmp.name)
         self.spec_path, self.out_path = tmp / "spec.json", tmp / "record.json"
         self.spec_path.write_text(json.dumps(spec.to_dict()))
-        cache = warm_cache_dir() if opts.warm_cache else tmp / "compile-cache"
+        cache = (warm_cache_dir() if opts.warm_cache else opts.cache_dir
+                 or tmp / "compile-cache")
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                # a fresh cache dir per cell gives cold compile numbers; --warm-cache shares one
                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
@@ -197,6 +200,19 @@ def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
     return rec
 
 
+def _measure(spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]) -> Record:
+    """One cell by opts.repeat processes. They share one compile cache: the first process
+    compiles cold (the cell's compile_s), the others measure the same compiled code without
+    paying inductor's cold compile again (minutes per process on a 2-core CPU)."""
+    if opts.repeat == 1 or opts.warm_cache:
+        return run_processes(spec, opts.repeat, lambda s: run_one(s, opts, on_phase), on_phase,
+                             opts.wait_idle)
+    with tempfile.TemporaryDirectory(prefix="fusebench-cache-") as cache:
+        shared = dataclasses.replace(opts, cache_dir=Path(cache))
+        return run_processes(spec, opts.repeat, lambda s: run_one(s, shared, on_phase),
+                             on_phase, opts.wait_idle, cold_first=True)
+
+
 def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptions(),
               show_progress: bool = True, console=None,
               on_record: Callable[[Record], None] | None = None,
@@ -210,8 +226,7 @@ def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptio
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):
             progress.start(i, spec.label())
-            rec = run_processes(spec, opts.repeat, lambda s: run_one(s, opts, progress.phase),
-                                progress.phase, opts.wait_idle)
+            rec = _measure(spec, opts, progress.phase)
             if notes and notes[i]:
                 rec = rec.replace(extra={**rec.extra, **notes[i]})
             records.append(rec)
