@@ -133,7 +133,7 @@ def _gamma(fc2, kind: str, scope):
     return (u, path) if path else (None, None)
 
 
-@register_pattern("mlp", benches=("train",))
+@register_pattern("mlp", benches=("train", "infer"))
 def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
     fc2 = _fc(n)

@@ -88,7 +88,7 @@ def _reason(g, act, reduce, expand) -> str | None:
     return next((r for r in (_fc(reduce), _fc(expand)) if isinstance(r, str)), None)
 
 
-@register_pattern("se_gate", benches=("train",))
+@register_pattern("se_gate", benches=("train", "infer"))
 def squeeze_excite(n, scope):
     """pool -> reduce -> act -> expand -> sigmoid -> * x (convs or Linear) -> one Function."""
     ab = N.operands(n) if N.op(n) == "mul" else None
