@@ -262,9 +262,24 @@ def test_parameters_are_read_at_call_time():
     assert copied(x).shape == (2, 10)                            # a deep copy still runs
 
 
-def test_infer_folds_conv_bn_in_torchvision_layout():
-    model = build(tv_efficientnet.make).eval()
+INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+               "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
+               "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4}}
+
+
+@pytest.mark.parametrize("name", sorted(ASSETS))
+def test_asset_infer_fuses_a_copy_that_matches_eager(name):
+    factory, inputs, _ = ASSETS[name]
+    model = build(factory).eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    state = copy.deepcopy(model.state_dict())
     result = fuse(model, "infer")
-    assert result.sites["conv_bn_fold"] == 13 and result.sites["se_gate"] == 4, result.sites
+    assert dict(result.sites) == INFER_SITES[name], result.sites
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # untouched
+    assert "Identity" not in result.unfused and "BatchNorm2d" not in result.unfused
     with torch.no_grad():
-        torch.testing.assert_close(result.model(image()), model(image()), atol=1e-9, rtol=1e-9)
+        x = inputs()
+        torch.testing.assert_close(result.model(*x), model(*x), atol=1e-9, rtol=1e-9)

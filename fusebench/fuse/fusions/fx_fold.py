@@ -1,11 +1,11 @@
 """conv_bn_fold (graph, infer bench): nn.Conv2d -> nn.BatchNorm2d anywhere in the traced code
-(torchvision's Conv2dNormActivation, a user's own block) -> the folded conv, BN replaced by an
-Identity. Done on the inference copy only (fuse_in_order deep-copies it), never in place."""
+(torchvision's Conv2dNormActivation, a user's own block) -> the folded conv (a FoldedConvAct), BN
+replaced by an Identity. Done on the inference copy only (fuse_in_order deep-copies it), never in place."""
 from __future__ import annotations
 
 import torch.nn as nn
 
-from fusebench.fuse.fusions.conv_bn_fold import fold_conv_bn
+from fusebench.fuse.fusions.conv_bn_fold import FoldedConvAct, fold_conv_bn
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, register_pattern
 
@@ -28,9 +28,11 @@ def fold(n, scope):
              and m.target in (conv.target, n.target)]
     if len(conv.users) != 1 or len(calls) != 2:
         return Miss("conv_bn_fold", "the conv output or a module is used more than once")
-    root, folded = scope.m, fold_conv_bn(N.module(conv), bn)
+    root, folded = scope.m, FoldedConvAct(fold_conv_bn(N.module(conv), bn), nn.Identity())
+    gone = nn.Identity()                         # where the BN was: nothing left to fuse
 
     def mutate():
         _set(root, conv.target, folded)
-        _set(root, n.target, nn.Identity())
+        _set(root, n.target, gone)
+        scope.ctx.covered.add(id(gone))
     return Hit("conv_bn_fold", n, None, mutate=mutate)
