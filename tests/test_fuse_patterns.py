@@ -283,3 +283,45 @@ def test_asset_infer_fuses_a_copy_that_matches_eager(name):
     with torch.no_grad():
         x = inputs()
         torch.testing.assert_close(result.model(*x), model(*x), atol=1e-9, rtol=1e-9)
+
+
+class ConvMlpGamma(nn.Module):         # 1x1 convs, SiLU, layer scale shaped (C, 1, 1)
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, 4 * c, 1), nn.Conv2d(4 * c, c, 1)
+        self.gamma = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+
+    def forward(self, x):
+        return x + self.gamma * self.fc2(F.silu(self.fc1(x)))
+
+
+class FunctionalTanhMlp(nn.Module):    # F.linear with module parameters, tanh GELU, gamma[:, ...]
+    def __init__(self, c):
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(4 * c, c) / c), nn.Parameter(torch.rand(4 * c))
+        self.w2 = nn.Parameter(torch.randn(c, 4 * c) / c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):             # (N, C, H, W) -> NHWC MLP without fc2 bias -> NCHW
+        h = F.gelu(F.linear(x.permute(0, 2, 3, 1), self.w1, self.b1), approximate="tanh")
+        return (F.linear(h, self.w2) * self.gamma).permute(0, 3, 1, 2)
+
+
+class NoBiasGeluMlp(nn.Module):        # nanoGPT with bias=False
+    def __init__(self, c):
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Linear(c, 4 * c, bias=False), nn.Linear(4 * c, c, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(nn.functional.gelu(self.c_fc(x.permute(0, 2, 3, 1))))
+
+
+@pytest.mark.parametrize("cls", [ConvMlpGamma, FunctionalTanhMlp, NoBiasGeluMlp])
+def test_each_mlp_spelling_is_one_mlp_site(cls, site_calls):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), cls(6)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    y = check_step(model, ref, (image(),))
+    assert site_calls == {"fused_mlp": 1} and ran(y) == {"mlp": 1}

@@ -52,5 +52,5 @@ def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
                          impls)
 
 
-__all__ = ["FUSIONS", "GRAPH_ORDER", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion", "fuse", "fuse_in_order",
-           "register_fusion", "unfused_leaves"]
+__all__ = ["FUSIONS", "GRAPH_ORDER", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion",
+           "GraphPass", "fuse", "fuse_in_order", "register_fusion", "unfused_leaves"]

@@ -1,6 +1,7 @@
 """conv_bn_fold (graph, infer bench): nn.Conv2d -> nn.BatchNorm2d anywhere in the traced code
-(torchvision's Conv2dNormActivation, a user's own block) -> the folded conv (a FoldedConvAct), BN
-replaced by an Identity. Done on the inference copy only (fuse_in_order deep-copies it), never in place."""
+(torchvision's Conv2dNormActivation, a user's own block) -> the folded conv (a FoldedConvAct),
+the BN replaced by an Identity. Done on the inference copy only (fuse_in_order deep-copies it),
+never in place."""
 from __future__ import annotations
 
 import torch.nn as nn
