@@ -325,3 +325,51 @@ def test_each_mlp_spelling_is_one_mlp_site(cls, site_calls):
     assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
     y = check_step(model, ref, (image(),))
     assert site_calls == {"fused_mlp": 1} and ran(y) == {"mlp": 1}
+
+
+def _dist_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from fusebench.cell.rank_cell import RankRun
+    from fusebench.run.distributed import DistSettings
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+    def fresh():
+        torch.manual_seed(0)
+        return convnext_official.make(layer_scale=0.5)
+    ref = fresh()
+    ref(x).square().mean().backward()
+    expected = {n: p.grad for n, p in ref.named_parameters()}
+    out = {}
+    for kind in ("ddp", "fsdp1", "fsdp2"):
+        model = fresh()
+        sites = dict(fuse(model, "train").sites)
+        run = RankRun(DistSettings(kind, 2))
+        wrapped = run.wrap(None, model, (), {}, EventLog())
+        wrapped(x).square().mean().backward()
+        got = run.full_grads(model)
+        out[kind] = {"sites": sites, "names_same": sorted(got) == sorted(expected),
+                     "mismatch": [n for n, g in expected.items()
+                                  if not torch.allclose(got[n], g, atol=1e-5, rtol=1e-4)]}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_graph_sites_train_under_ddp_and_fsdp(tmp_path):
+    """The graph pass keeps the param-count-in-forward invariant: the official-ConvNeXt-like
+    model, fused, gets the single-process gradients under DDP, FSDP1 and FSDP2."""
+    import json
+    import os
+
+    import torch.multiprocessing as mp
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_dist_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for kind, r in out.items():
+            assert r["sites"] == {"ln2d": 9, "mlp": 5, "dwconv": 5}, kind
+            assert r["names_same"] and r["mismatch"] == [], (kind, r["mismatch"])
