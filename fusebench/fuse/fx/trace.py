@@ -48,6 +48,7 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     """(path, module, traced graph) for the topmost modules that trace, outermost first."""
     opaque: set[int] = set()
     memo: dict[int, list] = {}
+    failed: dict[tuple[str, str], list[str]] = {}      # (class, reason) -> paths
 
     def trace(m):
         try:
@@ -74,9 +75,8 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
             if not isinstance(retry, fx.GraphModule):
                 opaque.add(id(m))
                 if gm is not None:
-                    notes.append(("fx_fallback", f"fx trace of {path or 'the model'} "
-                                  f"({type(m).__name__}) failed: {first_line(gm, 200)}; "
-                                  f"its submodules are matched on their own"))
+                    key = (type(m).__name__, first_line(gm, 200))
+                    failed.setdefault(key, []).append(path or "the model")
                 memo[id(m)] = roots
                 return roots
             gm = retry
@@ -88,7 +88,12 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
                     out += [r for r in resolve(_join(path, n.target), sub) if r not in out]
         memo[id(m)] = out
         return out
-    return resolve("", model)
+    roots = resolve("", model)
+    for (cls, reason), paths in failed.items():     # one note per class and reason
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        notes.append(("fx_fallback", f"fx trace of {', '.join(paths[:3])}{more} ({cls}) "
+                                     f"failed: {reason}; its submodules are matched on their own"))
+    return roots
 
 
 def install(m: nn.Module, gm: fx.GraphModule) -> None:
