@@ -6,6 +6,12 @@ The only package that knows both models and kernels.
   rule.py      Fusion, register_fusion, FuseContext, the FusedModule marker base
   fusions/     one file per fusion: its rewrite, its fused module, its kernel
   walk.py      the model walk: fuse_in_order, unfused_leaves
+  fx/          the graph pass: trace the model (per submodule where tracing fails) and match
+               what the code computes, in several spellings (fusions/fx_*.py), not class names
+
+ORDER: the module-level rules for fusebench's own classes run first (their fused modules are
+leaves to the tracer), then the graph pass (GRAPH_ORDER) on everything else, then the rules on
+single modules (silu_me, dwconv), which skip what a graph site absorbed.
 
 ORDER below is the order fusions are tried in (TransformerEngine's `ops/fused/__init__.py`
 idea; a module a fusion replaced is not visited again): se_gate and bn_silu come before silu_me
@@ -16,24 +22,35 @@ from __future__ import annotations
 import torch.nn as nn
 
 from fusebench.fuse.fusions import (bn_silu, conv_bn_fold, conv_bn_fold_seq, dwconv,  # noqa: F401
+                                    fx_bn_act, fx_fold, fx_ln2d, fx_ln_linear, fx_mlp, fx_se,
                                     ln2d, mlp_bias_gelu, se_gate, silu_me)
+from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
-from fusebench.fuse.walk import FuseResult, fuse_in_order, unfused_leaves
+from fusebench.fuse.walk import FuseResult, GraphPass, fuse_in_order, unfused_leaves
 
-ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "se_gate", "bn_silu", "silu_me",
-                          "mlp_bias_gelu", "dwconv", "ln2d")
+ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "se_gate", "bn_silu",
+                          "mlp_bias_gelu", "ln2d", "silu_me", "dwconv")
+GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
+GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_gate", "bn_act", "mlp",
+                                "conv_bn_fold_fx", "ln_linear")
 assert set(ORDER) == set(FUSIONS.names()), "every bundled fusion is listed in ORDER once"
+assert set(GRAPH_ORDER) == set(PATTERNS.names()), "every graph pattern is in GRAPH_ORDER once"
 
 
 def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
          only: list[str] | None = None, impls: dict[str, str] | None = None) -> FuseResult:
-    """Apply every fusion for `bench`, in ORDER, then any a plugin registered (by name); or only
-    those named in `only`. `impls` overrides binding.PREFERRED per act family, e.g.
+    """Apply every fusion for `bench`, in ORDER with the graph patterns (GRAPH_ORDER) before
+    GRAPH_BEFORE, then any a plugin registered (by name); or only those named in `only`
+    (fusion or graph pattern names). `impls` overrides binding.PREFERRED per act family, e.g.
     {"se_gate": "function"}."""
     order = [*ORDER, *(n for n in FUSIONS.names() if n not in ORDER)]
     order = [n for n in order if only is None or n in only]
-    return fuse_in_order(model, order, bench, device, impls)
+    graph = [*GRAPH_ORDER, *(n for n in PATTERNS.names() if n not in GRAPH_ORDER)]
+    graph = tuple(n for n in graph if only is None or n in only)
+    at = order.index(GRAPH_BEFORE) if GRAPH_BEFORE in order else len(order)
+    return fuse_in_order(model, [*order[:at], GraphPass(graph), *order[at:]], bench, device,
+                         impls)
 
 
-__all__ = ["FUSIONS", "ORDER", "FuseResult", "FusedModule", "Fusion", "fuse", "fuse_in_order",
-           "register_fusion", "unfused_leaves"]
+__all__ = ["FUSIONS", "GRAPH_ORDER", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion",
+           "GraphPass", "fuse", "fuse_in_order", "register_fusion", "unfused_leaves"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from fusebench.fuse.fx import graph_pass
 from fusebench.fuse.rule import FUSIONS, FuseContext, FusedModule, Fusion
 
 
@@ -19,16 +20,27 @@ class FuseResult:
     notes: list[tuple[str, str]]
 
 
-def fuse_in_order(model: nn.Module, order: list[str], bench: str = "train", device: str = "cpu",
+@dataclass(frozen=True)
+class GraphPass:
+    """A place in the fusion order where the fx graph patterns `names` run (fusebench.fuse.fx)."""
+    names: tuple[str, ...]
+
+
+def fuse_in_order(model: nn.Module, order: list, bench: str = "train", device: str = "cpu",
                   impls: dict[str, str] | None = None) -> FuseResult:
-    """Apply the fusions named in `order` (those for `bench`), in that order. Train: submodules
-    are swapped in place (same Parameters, same names; the root is never replaced). Infer: a
-    fused deep copy. A module a fusion replaced is not visited again."""
+    """Apply the fusions named in `order` (those for `bench`), in that order; a GraphPass item
+    runs the graph patterns there. Train: submodules are swapped in place (same Parameters, same
+    names; the root is never replaced; a graph site changes a module's forward only). Infer: a
+    fused deep copy. A module a fusion replaced or a graph site absorbed is not visited again."""
     if bench == "infer":
         model = copy.deepcopy(model)
     ctx = FuseContext(bench, str(device), impls=dict(impls or {}))
     sites: Counter = Counter()
-    for fusion in FUSIONS.resolve(order):
+    for item in order:
+        if isinstance(item, GraphPass):
+            sites.update(graph_pass(model, ctx, list(item.names)))
+            continue
+        fusion = FUSIONS[item]
         if bench not in fusion.benches:
             continue
         root = (fusion.rewrite(model, ctx) if bench == "infer" and type(model) in fusion.matches
@@ -36,7 +48,7 @@ def fuse_in_order(model: nn.Module, order: list[str], bench: str = "train", devi
         if root is not None:
             model, sites[fusion.name] = root.train(model.training), sites[fusion.name] + 1
         sites[fusion.name] += _apply(model, fusion, ctx)
-    return FuseResult(model, +sites, unfused_leaves(model), ctx.notes)
+    return FuseResult(model, +sites, unfused_leaves(model, ctx.covered), ctx.notes)
 
 
 def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
@@ -44,7 +56,7 @@ def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
     many were replaced. Exact type match: a subclass may change forward."""
     n = 0
     for name, child in list(mod.named_children()):
-        if isinstance(child, FusedModule):
+        if isinstance(child, FusedModule) or id(child) in ctx.covered:
             continue
         new = fusion.rewrite(child, ctx) if type(child) in fusion.matches else None
         if new is not None:
@@ -56,11 +68,12 @@ def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
     return n
 
 
-def unfused_leaves(model: nn.Module) -> Counter:
+def unfused_leaves(model: nn.Module, covered: set[int] = frozenset()) -> Counter:
+    """Leaf module types outside every fused module and not absorbed by a graph site."""
     out: Counter = Counter()
 
     def walk(mod: nn.Module):
-        if isinstance(mod, FusedModule):
+        if isinstance(mod, FusedModule) or id(mod) in covered:
             return
         children = list(mod.children())
         if not children and mod is not model:

@@ -15,8 +15,9 @@ from fusebench.modes.base import Mode, device_of
 @register_mode
 class Fused(Mode):
     name = "fused"
-    description = ("fusebench op fuser: LN2d kernel, BN+SiLU, SE gate, bias+GELU+fc2, "
-                   "depthwise-conv backward; conv+BN folding for inference")
+    description = ("fusebench op fuser (matches what the code computes, via torch.fx): LN2d "
+                   "kernel, BN+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv backward; "
+                   "conv+BN folding for inference")
 
     def __init__(self):
         self._rewritten = False

@@ -14,7 +14,8 @@ from fusebench.models.layers import ConvBNAct
 
 
 def bn_silu_kernel(silu: Pure, running_mean, running_var, momentum: float,
-                   eps: float) -> MultiOpKernel:
+                   eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
+    """`silu` may be any pure activation pair (the graph bn_act fusion passes relu / gelu)."""
     def fwd(c, groups):
         (w, b), = groups
         y, mean, invstd = torch.ops.aten.native_batch_norm(
@@ -29,7 +30,7 @@ def bn_silu_kernel(silu: Pure, running_mean, running_var, momentum: float,
         dx, dw, db = torch.ops.aten.native_batch_norm_backward(
             silu.bwd(dy, y), c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
         return dx, ((dw, db),)
-    return MultiOpKernel(f"bn_silu[{silu.impl}]", fwd, bwd)
+    return MultiOpKernel(f"{prefix}[{silu.impl}]", fwd, bwd)
 
 
 class FusedConvBNSiLU(FusedModule):

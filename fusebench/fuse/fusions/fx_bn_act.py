@@ -1,0 +1,65 @@
+"""bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU, whatever module or function
+spells the activation (torchvision's Conv2dNormActivation, a user's Sequential, F.relu(bn(x))).
+Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
+the BN output in backward (bn_silu's kernel with the matched activation). Eval-mode BN (frozen
+statistics inside a training run): act(x * scale + shift) in one Function that saves x only."""
+from __future__ import annotations
+
+import torch
+
+from fusebench.fuse.binding import Pure
+from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.fusions.bn_silu import bn_silu_kernel
+from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+
+_BC = (slice(None), None, None)                  # (C,) -> (C, 1, 1)
+
+
+def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float) -> MultiOpKernel:
+    def fwd(x, groups):
+        (w, b), = groups
+        inv = torch.rsqrt(running_var + eps)
+        scale, shift = w * inv, b - running_mean * w * inv
+        return act.fwd(torch.addcmul(shift[_BC], x, scale[_BC])), (x,)
+
+    def bwd(dy, saved, groups):
+        (x,), ((w, b),) = saved, groups
+        inv = torch.rsqrt(running_var + eps)
+        scale = w * inv
+        z = torch.addcmul((b - running_mean * scale)[_BC], x, scale[_BC])   # recomputed
+        dz = act.bwd(dy, z)
+        dscale, dshift = (dz * x).sum((0, 2, 3)), dz.sum((0, 2, 3))
+        return dz * scale[_BC], ((inv * (dscale - running_mean * dshift), dshift),)
+    return MultiOpKernel(f"bn_eval_act[{act.impl}]", fwd, bwd)
+
+
+def bn_act_site(act: Pure) -> Site:
+    def run(c, bn):
+        if bn.training:
+            bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
+            m = bn.momentum if bn.momentum is not None else \
+                1.0 / float(bn.num_batches_tracked)
+            kernel = bn_silu_kernel(act, bn.running_mean, bn.running_var, m, bn.eps, "bn_act")
+        else:
+            kernel = bn_eval_kernel(act, bn.running_mean, bn.running_var, bn.eps)
+        return run_ops(kernel, c, ((bn.weight, bn.bias),))
+    return Site("fused_bn_act", run)
+
+
+@register_pattern("bn_act", benches=("train",))
+def bn_act(n, scope):
+    """BatchNorm2d -> SiLU/ReLU/GELU -> one Function (train or eval statistics)."""
+    bn = N.x_of(n) if N.op(n) in (*N.ACTS, "relu6", "hardswish") else None
+    if bn is None or N.op(bn) != "batch_norm":
+        return None
+    act, m = activation(n), N.module(bn)
+    if isinstance(act, str):
+        return Miss("bn_act", act)
+    if type(m) is not torch.nn.BatchNorm2d or not (m.affine and m.track_running_stats):
+        return Miss("bn_act", "BatchNorm without affine parameters or running statistics")
+    if len(bn.users) != 1:
+        return Miss("bn_act", "the BatchNorm output is used elsewhere too")
+    site = bn_act_site(pure_act(*act, scope.ctx))
+    return Hit("bn_act", n, site, (N.x_of(bn), Attr(bn.target)), (bn,))

@@ -1,0 +1,161 @@
+"""mlp (graph): fc1 -> GELU/SiLU -> fc2 [-> * gamma], fc = nn.Linear / F.linear over the last
+dim, or a 1x1 nn.Conv2d over NCHW (ConvNeXt's pwconv1/pwconv2 with layer scale, a GPT's
+c_fc/c_proj). fc1 runs without its bias; one Function does bias + activation + fc2 (+ gamma,
+folded into fc2's weight and bias inside the Function) and saves only fc1's output; the
+activation fc2's weight gradient needs is recomputed in backward. GELU with a bias runs the
+bias_gelu act family bound for this fuse(); the rest runs aten's ops."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusebench.fuse.binding import Pure
+from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
+from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+
+
+def _linear_bwd(dy, g, w, has_bias):
+    dy2, g2 = dy.reshape(-1, dy.shape[-1]), g.reshape(-1, g.shape[-1])
+    return dy @ w, dy2.t() @ g2, dy2.sum(0) if has_bias else None
+
+
+FC = {"linear": (F.linear, _linear_bwd, -1),          # fwd, bwd, channel dim
+      "conv2d": (F.conv2d, lambda dy, g, w, hb: conv_bwd(dy, g, w, hb), 1)}
+
+
+class BiasAct:
+    """act(h0 + b1) and its backward (dh, db1) along the fc's channel dim; b1 may be None."""
+
+    def __init__(self, act: Pure, bias_gelu: Pure | None, approximate: str, cdim: int):
+        self.act, self.bias_gelu, self.approx, self.cdim = act, bias_gelu, approximate, cdim
+
+    def _nchw(self, h):         # a free (M, C, 1, 1) view of (..., C): bias_gelu's layout
+        return h.reshape(-1, h.shape[-1], 1, 1) if self.cdim == -1 else h
+
+    def _bc(self, b, h):
+        return b if self.cdim == -1 else b[:, None, None]
+
+    def fwd(self, h0, b1):
+        if b1 is not None and self.bias_gelu is not None:
+            return self.bias_gelu.fwd(self._nchw(h0), b1, self.approx).reshape(h0.shape)
+        return self.act.fwd(h0 if b1 is None else h0 + self._bc(b1, h0))
+
+    def bwd(self, dg, h0, b1):
+        if b1 is not None and self.bias_gelu is not None:
+            dh, db = self.bias_gelu.bwd(self._nchw(dg), self._nchw(h0), b1, self.approx)
+            return dh.reshape(h0.shape), db
+        dh = self.act.bwd(dg, h0 if b1 is None else h0 + self._bc(b1, h0))
+        other = [d for d in range(dh.dim()) if d != self.cdim % dh.dim()]
+        return dh, (dh.sum(other) if b1 is not None else None)
+
+
+@functools.cache
+def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
+    fc_fwd, fc_bwd, _ = FC[fc]
+
+    def unpack(groups):
+        g1, g2, g3 = groups
+        gamma = g3[0].reshape(-1) if g3 else None
+        return (g1[0] if g1 else None), g2[0], (g2[1] if len(g2) > 1 else None), gamma
+
+    def folded(w2, b2, gamma):                  # gamma * fc2(g) == fc2'(g)
+        if gamma is None:
+            return w2, b2
+        return (w2 * gamma.reshape(-1, *[1] * (w2.dim() - 1)),
+                None if b2 is None else b2 * gamma)
+
+    def fwd(h0, groups):
+        b1, w2, b2, gamma = unpack(groups)
+        return fc_fwd(ba.fwd(h0, b1), *folded(w2, b2, gamma)), (h0,)
+
+    def bwd(dy, saved, groups):
+        (h0,), (b1, w2, b2, gamma) = saved, unpack(groups)
+        w2f, b2f = folded(w2, b2, gamma)
+        g = ba.fwd(h0, b1)                                   # recomputed
+        dg, dw2f, db2f = fc_bwd(dy, g, w2f, b2 is not None)
+        dh, db1 = ba.bwd(dg, h0, b1)
+        grads = [(db1,) if b1 is not None else (), None, ()]
+        if gamma is None:
+            grads[1] = (dw2f, db2f) if b2 is not None else (dw2f,)
+        else:
+            bc = gamma.reshape(-1, *[1] * (w2.dim() - 1))
+            dgam = (dw2f * w2).flatten(1).sum(1) + (db2f * b2 if b2 is not None else 0)
+            grads[1] = (dw2f * bc, db2f * gamma) if b2 is not None else (dw2f * bc,)
+            grads[2] = (dgam.reshape(groups[2][0].shape),)
+        return dh, tuple(grads)
+    return MultiOpKernel(f"mlp[{fc},{ba.act.impl}]", fwd, bwd)
+
+
+def mlp_site(ba: BiasAct, fc: str) -> Site:
+    kernel, fc_fwd = mlp_kernel(ba, fc), FC[fc][0]
+
+    def run(x, w1, b1, w2, b2, gamma=None):
+        h0 = fc_fwd(x, w1)                       # fc1 without its bias: the bias is fused
+        return run_ops(kernel, h0, ((b1,), (w2, b2), (gamma,)))
+    return Site("fused_mlp", run)
+
+
+def _fc(n):
+    """(kind, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
+    kind, m = N.op(n), N.module(n)
+    if kind not in FC:
+        return None
+    if m is not None:
+        if kind == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
+                                 or m.padding not in ((0, 0), "valid")
+                                 or m.padding_mode != "zeros"):
+            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
+        if type(m) not in (nn.Linear, nn.Conv2d):
+            return None
+        return kind, N.x_of(n), f"{n.target}.weight", \
+            (f"{n.target}.bias" if m.bias is not None else None)
+    if kind != "linear":
+        return "functional conv2d (only nn.Conv2d modules are matched)"
+    w, b = N.attr_path(N.arg(n, 1, "weight")), N.arg(n, 2, "bias")
+    if w is None or (b is not None and N.last_param(b) is None):
+        return "weight / bias are not module parameters"
+    return kind, N.x_of(n), w, (N.last_param(b) if b is not None else None)
+
+
+def _gamma(fc2, kind: str, scope):
+    """(mul node, gamma path) when fc2's only use is a layer-scale multiply."""
+    u = N.single_user(fc2)
+    if u is None or N.op(u) != "mul":
+        return None, None
+    a, b = N.operands(u) or (None, None)
+    other = b if a is fc2 else a
+    path = N.last_param(other) if kind == "linear" else N.channel_param(other)
+    return (u, path) if path else (None, None)
+
+
+@register_pattern("mlp", benches=("train", "infer"))
+def mlp(n, scope):
+    """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
+    fc2 = _fc(n)
+    act_node = N.x_of(n) if isinstance(fc2, tuple) else None
+    act = activation(act_node) if act_node is not None else None
+    if act is None:
+        return None
+    fc1 = _fc(N.x_of(act_node))
+    if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
+        return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
+    if fc1 is None or N.op(fc1[1]) == "adaptive_avg_pool2d" or N.mean_dims(fc1[1]):
+        return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
+    if fc1[0] != fc2[0]:
+        return Miss("mlp", "fc1 and fc2 are different kinds (Linear vs 1x1 conv)")
+    fc1_node = N.x_of(act_node)
+    if len(fc1_node.users) != 1 or len(act_node.users) != 1:
+        return Miss("mlp", "an intermediate output is used elsewhere too")
+    kind = fc1[0]
+    mul, gamma = _gamma(n, kind, scope)
+    bias_gelu = scope.ctx.act("bias_gelu") if act[0] == "gelu" and fc1[3] else None
+    ba = BiasAct(pure_act(*act, scope.ctx), bias_gelu, act[1], FC[kind][2])
+    args = (fc1[1], Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
+            fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
+    return Hit("mlp", mul or n, mlp_site(ba, kind), args,
+               (act_node, fc1_node, *([n] if mul else [])))

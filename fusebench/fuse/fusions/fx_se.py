@@ -1,0 +1,111 @@
+"""se_gate (graph): squeeze-excitation in any spelling -> one Function:
+  pool:   nn.AdaptiveAvgPool2d(1) / F.adaptive_avg_pool2d(x, 1) / x.mean((2, 3), keepdim=True)
+          (or without keepdim / flattened, before Linear layers)
+  reduce -> SiLU/ReLU/GELU -> expand: 1x1 nn.Conv2d or nn.Linear (with biases)
+  gate:   sigmoid (module, torch.sigmoid or method), reshaped to (N, C, 1, 1) if needed, * x.
+The x-sized work is the gate (the se_gate act family bound for this fuse()); the rest is
+(N, C)-sized, with reduce/expand as matrix products on the flattened weights."""
+from __future__ import annotations
+
+import functools
+
+import torch.nn as nn
+
+from fusebench.fuse.binding import Pure
+from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+
+
+@functools.cache
+def se_kernel(gate: Pure, act: Pure) -> MultiOpKernel:
+    def fwd(x, groups):
+        (wr, br), (we, be) = groups
+        s = x.mean((2, 3))                                        # (N, C)
+        r = s @ wr.reshape(wr.shape[0], -1).t() + br              # (N, R)
+        e = act.fwd(r) @ we.reshape(we.shape[0], -1).t() + be     # (N, C) gate logits
+        return gate.fwd(x, e[:, :, None, None]), (x, s, r, e)
+
+    def bwd(dy, saved, groups):
+        x, s, r, e = saved
+        (wr, br), (we, be) = groups
+        wr2, we2 = wr.reshape(wr.shape[0], -1), we.reshape(we.shape[0], -1)
+        dx, de = gate.bwd(dy, x, e[:, :, None, None])
+        de = de.reshape(e.shape)
+        dr = act.bwd(de @ we2, r)
+        ds = dr @ wr2
+        dx = dx + (ds / (x.shape[2] * x.shape[3]))[:, :, None, None]
+        return dx, ((((dr.t() @ s).reshape(wr.shape)), dr.sum(0)),
+                    ((de.t() @ act.fwd(r)).reshape(we.shape), de.sum(0)))
+    return MultiOpKernel(f"se[{gate.impl},{act.impl}]", fwd, bwd)
+
+
+def se_site(gate: Pure, act: Pure) -> Site:
+    kernel = se_kernel(gate, act)
+
+    def run(x, reduce, expand):
+        return run_ops(kernel, x, ((reduce.weight, reduce.bias), (expand.weight, expand.bias)))
+    return Site("fused_se", run)
+
+
+def _squeezed(n, x):
+    """True when n is the global average of x: (N, C, 1, 1) for convs, (N, C) for Linear."""
+    kind = N.op(n)
+    if kind == "adaptive_avg_pool2d":
+        size = N.module(n).output_size if N.module(n) is not None else N.arg(n, 1, "output_size")
+        return N.x_of(n) is x and size in (1, (1, 1), [1, 1])
+    if kind == "mean":
+        return N.x_of(n) is x and N.is_spatial_mean(n, N.mean_dims(n)[1])
+    if kind in ("flatten", "view", "reshape", "squeeze"):
+        return _squeezed(N.x_of(n), x)
+    return False
+
+
+def _fc(n):
+    """The reduce/expand module: a 1x1 conv or Linear with a bias; a reason otherwise."""
+    m = N.module(n)
+    if type(m) is nn.Linear or (type(m) is nn.Conv2d and m.kernel_size == (1, 1)
+                                and m.groups == 1 and m.stride == (1, 1)):
+        return m if m.bias is not None else "reduce/expand without a bias"
+    return None
+
+
+def _unbroadcast(n):
+    """The (N, C) / (N, C, 1, 1) node under a view(n, c, 1, 1) / [:, :, None, None]."""
+    if N.op(n) in ("view", "reshape") and N.dims(n)[-2:] == (1, 1):
+        return N.x_of(n)
+    if N.op(n) == "getitem" and isinstance(n.args[1], tuple) and n.args[1][-2:] == (None, None):
+        return N.x_of(n)
+    return n
+
+
+def _reason(g, act, reduce, expand) -> str | None:
+    if N.op(g) != "sigmoid":
+        return f"gate is {N.op(g)}: the kernel computes sigmoid"
+    if not isinstance(act, tuple):
+        return act or "an activation no kernel here computes"
+    return next((r for r in (_fc(reduce), _fc(expand)) if isinstance(r, str)), None)
+
+
+@register_pattern("se_gate", benches=("train", "infer"))
+def squeeze_excite(n, scope):
+    """pool -> reduce -> act -> expand -> sigmoid -> * x (convs or Linear) -> one Function."""
+    ab = N.operands(n) if N.op(n) == "mul" else None
+    for x, gate in (ab, ab[::-1]) if ab else ():
+        g = _unbroadcast(gate)
+        if N.op(g) not in ("sigmoid", "hardsigmoid") or not isinstance(x, type(n)):
+            continue
+        expand = N.x_of(g)
+        act_node = N.x_of(expand) if _fc(expand) is not None else None
+        reduce = N.x_of(act_node) if act_node is not None else None
+        if reduce is None or _fc(reduce) is None or not _squeezed(N.x_of(reduce), x):
+            continue
+        act = activation(act_node)
+        reason = _reason(g, act, reduce, expand)
+        if reason:
+            return Miss("se_gate", reason)
+        inner = (g, gate, expand, act_node, reduce, N.x_of(reduce))
+        return Hit("se_gate", n, se_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx)),
+                   (x, Attr(reduce.target), Attr(expand.target)), inner)
+    return None

@@ -1,0 +1,123 @@
+"""The graph pass: match what user code computes, not the names of our classes.
+
+  nodes.py    what an fx node computes, whatever the spelling (function, method, module)
+  pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
+  trace.py    which modules get a graph (per submodule where tracing fails) and install()
+  the patterns themselves: fusebench/fuse/fusions/fx_*.py
+
+Why our own matcher rather than torch.fx's SubgraphMatcher / subgraph_rewriter: those compare a
+pattern graph literally (the same op targets, the same constant arguments, the same argument
+form), so every spelling x every argument form (`mean(1, keepdim=True)` vs `mean(dim=[1],
+keepdim=True)`, `sqrt`+`div` vs `rsqrt`+`mul`, a module vs its functional form, any eps) would
+need its own pattern graph, and a candidate that almost matches gives no reason why not. Here a
+pattern is a short function over normalised node names that says what does not fit."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import torch.fx as fx
+import torch.nn as nn
+
+from fusebench.fuse.fx.nodes import hooked, module, op
+from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope
+from fusebench.fuse.fx.trace import graph_roots, install
+
+
+def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
+    """Run the graph patterns `names` (those for ctx.bench) over every traceable module; the
+    sites per pattern. Candidates that did not fuse become `not_fused` notes, grouped by reason."""
+    patterns = [p for p in PATTERNS.resolve(names) if ctx.bench in p.benches]
+    if not patterns:
+        return Counter()
+    sites: Counter = Counter()
+    misses: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path, m, gm in graph_roots(model, ctx.notes):
+        scope = Scope(gm, ctx, path, m)
+        changed = False
+        erased: set = set()
+        for node in list(gm.graph.nodes):
+            if node in erased:
+                continue
+            for p in patterns:
+                res = p.scan(node, scope)
+                if isinstance(res, Hit):
+                    res = _hooks(res, gm) or res
+                if isinstance(res, Miss):
+                    misses[(res.pattern, res.reason)].append(_where(path, node))
+                elif isinstance(res, Hit):
+                    changed |= _apply(gm, m, res, erased, ctx)
+                    sites[res.pattern] += 1
+                if res is not None:
+                    break
+        if changed:
+            gm.graph.lint()
+            install(m, gm)
+    for (pattern, reason), where in sorted(misses.items()):
+        more = f" and {len(where) - 3} more" if len(where) > 3 else ""
+        ctx.notes.append(("not_fused", f"{pattern}: {len(where)} candidate(s) not fused: "
+                                       f"{reason} (at {', '.join(where[:3])}{more})"))
+    return sites
+
+
+def _where(path: str, node: fx.Node) -> str:
+    name = node.target if node.op == "call_module" else node.name
+    return f"{path}.{name}" if path else str(name)
+
+
+def _modules(hit: Hit, gm) -> list[tuple[str, nn.Module]]:
+    return [(n.target, module(n)) for n in (hit.out, *hit.nodes)
+            if isinstance(n, fx.Node) and n.op == "call_module"]
+
+
+def _owners(hit: Hit, root: nn.Module) -> list[nn.Module]:
+    """Leaf modules whose attributes a site reads: an inlined custom norm whose whole forward
+    the site computes (its weight and bias are the site's arguments), or a module argument.
+    Looked up on the traced module itself (gm holds placeholder containers, not the user's)."""
+    out = []
+    for a in hit.args:
+        if isinstance(a, Attr):
+            try:
+                m = root.get_submodule(a.path)
+            except AttributeError:
+                m = root.get_submodule(a.path.rpartition(".")[0])
+            if m is not root and not list(m.children()):
+                out.append(m)
+    return out
+
+
+def _hooks(hit: Hit, gm) -> Miss | None:
+    bad = [name for name, m in _modules(hit, gm) if hooked(m)]
+    return Miss(hit.pattern, f"a hook on {', '.join(bad)}") if bad else None
+
+
+def _apply(gm: fx.GraphModule, root: nn.Module, hit: Hit, erased: set, ctx) -> bool:
+    """Replace hit.out by the fused call, erase the absorbed nodes left unused; True when the
+    graph changed. The absorbed modules are marked covered (not leaves left unfused)."""
+    ctx.covered.update(id(m) for _, m in _modules(hit, gm))
+    ctx.covered.update(id(m) for m in _owners(hit, root))
+    if hit.mutate is not None:
+        hit.mutate()
+    if hit.fn is None:
+        return False
+    g = gm.graph
+    with g.inserting_before(hit.out):
+        args = tuple(g.get_attr(a.path) if isinstance(a, Attr) else a for a in hit.args)
+        new = g.call_function(hit.fn, args)
+    hit.out.replace_all_uses_with(new)
+    absorbed = {n for n in (hit.out, *hit.nodes) if isinstance(n, fx.Node)}
+    todo = list(absorbed)
+    while todo:        # erase what only the match used (never a BN call: it updates statistics)
+        n = todo.pop()
+        if n in erased or n.users or not (n in absorbed or n.op == "get_attr"
+                                                     or op(n) not in (None, "batch_norm")):
+            continue
+        inputs = n.all_input_nodes
+        if n.op == "call_module":
+            ctx.covered.add(id(module(n)))
+        g.erase_node(n)
+        erased.add(n)
+        todo.extend(inputs)
+    return True
+
+
+__all__ = ["PATTERNS", "graph_pass"]

@@ -1,0 +1,49 @@
+"""The activation a matched node computes, and the pure fwd/bwd pair that computes exactly that.
+silu runs the act family bound for this fuse() (binding.PREFERRED); relu and gelu run aten's
+own forward and backward ops (the same numbers as eager, inside one fused Function)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fusebench.fuse.binding import Pure
+from fusebench.fuse.fx import nodes as N
+
+APPROXIMATE = ("none", "tanh")          # what F.gelu and the bias_gelu kernels compute
+
+
+def activation(n: fx.Node) -> tuple[str, str] | str | None:
+    """('silu'|'relu'|'gelu', gelu approximate) for an activation node, a reason string for an
+    activation no kernel here computes, None for anything else."""
+    kind = N.op(n)
+    if kind in ("relu6", "hardswish", "hardsigmoid"):
+        return f"activation {kind}: no fused kernel computes it"
+    if kind not in N.ACTS:
+        return None
+    m = N.module(n)
+    approx = (m.approximate if m is not None and kind == "gelu"
+              else N.arg(n, 1, "approximate", "none") if kind == "gelu" else "none")
+    if approx not in APPROXIMATE:
+        return f"gelu approximate={approx!r}: not what the kernels compute"
+    return kind, approx
+
+
+@functools.cache
+def _relu() -> Pure:
+    return Pure("relu", torch.relu, lambda dy, x: torch.ops.aten.threshold_backward(dy, x, 0))
+
+
+@functools.cache
+def _gelu(approximate: str) -> Pure:
+    return Pure(f"gelu[{approximate}]", lambda x: F.gelu(x, approximate=approximate),
+                lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate=approximate))
+
+
+def pure_act(kind: str, approximate: str, ctx) -> Pure:
+    """fwd(x) -> y, bwd(dy, x) -> dx for the activation."""
+    if kind == "silu":
+        return ctx.act("silu")
+    return _relu() if kind == "relu" else _gelu(approximate)

@@ -1,0 +1,165 @@
+"""What an fx node computes, whatever the spelling: `op(node)` names it ("add", "layer_norm",
+"gelu", ...) for torch functions, operators, tensor methods and nn modules alike, and `arg`
+reads an argument given by position or keyword. The patterns in fusions/fx_*.py are written
+against these names, so `x.mean(1, keepdim=True)`, `torch.mean(x, dim=1, keepdim=True)` and
+`x.mean(dim=(1,), keepdim=True)` are one thing to them."""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+FUNCTIONS = {
+    torch.add: "add", operator.add: "add", torch.sub: "sub", operator.sub: "sub",
+    torch.mul: "mul", operator.mul: "mul", torch.div: "div", operator.truediv: "div",
+    torch.pow: "pow", operator.pow: "pow", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt",
+    torch.mean: "mean", torch.permute: "permute", operator.getitem: "getitem",
+    torch.flatten: "flatten", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
+    F.layer_norm: "layer_norm", F.linear: "linear", F.conv2d: "conv2d",
+    F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
+    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
+    F.relu6: "relu6", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+}
+METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
+           "sigmoid", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
+MODULES = {
+    nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
+    nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
+    nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
+    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten",
+}
+ACTS = ("silu", "relu", "gelu")                      # activations with a fused kernel here
+
+
+def op(n) -> str | None:
+    if not isinstance(n, fx.Node):
+        return None
+    if n.op == "call_function":
+        return FUNCTIONS.get(n.target)
+    if n.op == "call_method":
+        return n.target if n.target in METHODS else None
+    if n.op == "call_module":
+        return MODULES.get(type(module(n)))
+    return None
+
+
+def module(n: fx.Node) -> nn.Module | None:
+    if n.op != "call_module":
+        return None
+    return n.graph.owning_module.get_submodule(n.target)
+
+
+def arg(n: fx.Node, i: int, name: str, default=None):
+    """Argument `name` of call n: positional index i (counting the tensor as 0) or keyword."""
+    if len(n.args) > i:
+        return n.args[i]
+    return n.kwargs.get(name, default)
+
+
+def x_of(n) -> fx.Node | None:
+    """The data input of an op node (its first argument)."""
+    a = n.args[0] if n.args else n.kwargs.get("input")
+    return a if isinstance(a, fx.Node) else None
+
+
+def single_user(n: fx.Node) -> fx.Node | None:
+    users = list(n.users)
+    return users[0] if len(users) == 1 else None
+
+
+def dims(n: fx.Node, start: int = 1, name: str = "dims") -> tuple | None:
+    """permute / view-style argument lists: `(x, 0, 2, 3, 1)` or `(x, (0, 2, 3, 1))`."""
+    rest = n.args[start:] if len(n.args) > start else ()
+    if not rest:
+        rest = n.kwargs.get(name, n.kwargs.get("size", n.kwargs.get("shape", ())))
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list)):
+        rest = rest[0]
+    return tuple(rest)
+
+
+def is_permute(n, order: tuple[int, ...]) -> bool:
+    return op(n) == "permute" and dims(n) == order
+
+
+def mean_dims(n) -> tuple[tuple[int, ...], bool] | None:
+    """(dims, keepdim) of a mean node, dims normalised to a sorted tuple (negative kept)."""
+    if op(n) != "mean":
+        return None
+    d = arg(n, 1, "dim")
+    if d is None:
+        return None
+    d = tuple(d) if isinstance(d, (tuple, list)) else (d,)
+    return tuple(sorted(d)), bool(arg(n, 2, "keepdim", False))
+
+
+def is_channel_mean(n) -> bool:
+    return mean_dims(n) == ((1,), True)
+
+
+def is_spatial_mean(n, keepdim: bool) -> bool:
+    md = mean_dims(n)
+    return md is not None and md[1] == keepdim and md[0] in ((2, 3), (-2, -1))
+
+
+def operands(n) -> tuple | None:
+    """The two operands of a binary op node (tensor method or function)."""
+    a = n.args[0] if n.args else None
+    b = arg(n, 1, "other")
+    return (a, b) if a is not None and b is not None else None
+
+
+def number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def attr_path(n) -> str | None:
+    return n.target if isinstance(n, fx.Node) and n.op == "get_attr" else None
+
+
+def attr_value(n: fx.Node):
+    obj = n.graph.owning_module
+    for part in n.target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def channel_param(n) -> str | None:
+    """The path of a 1-D parameter broadcast over dim 1 of a 4-D tensor: `w[:, None, None]`,
+    `w[None, :, None, None]`, `w.view(1, -1, 1, 1)`, `w.reshape(-1, 1, 1)`,
+    `w.unsqueeze(-1).unsqueeze(-1)`, or a parameter already shaped (C, 1, 1) / (1, C, 1, 1)."""
+    if attr_path(n):
+        v = attr_value(n)
+        ok = isinstance(v, torch.Tensor) and v.dim() >= 3 and v.shape[-2:] == (1, 1) \
+            and v.numel() == v.shape[-3]
+        return n.target if ok else None
+    base = x_of(n) if op(n) in ("getitem", "view", "reshape", "unsqueeze") else None
+    if base is None:
+        return None
+    if op(n) == "unsqueeze" and arg(n, 1, "dim") == -1 and op(base) == "unsqueeze" \
+            and arg(base, 1, "dim") == -1:
+        return last_param(x_of(base))
+    if op(n) == "getitem":
+        idx = n.args[1]
+        ok = isinstance(idx, tuple) and idx[-2:] == (None, None) and \
+            [i for i in idx[:-2] if i is not None] == [slice(None)]
+        return last_param(base) if ok else None
+    shape = dims(n)
+    if shape and shape[-2:] == (1, 1) and all(s == 1 for s in shape[:-3]):
+        return last_param(base)
+    return None
+
+
+def last_param(n) -> str | None:
+    """The path of a 1-D parameter (broadcast over the last dim as it is)."""
+    if attr_path(n):
+        v = attr_value(n)
+        return n.target if isinstance(v, torch.Tensor) and v.dim() == 1 else None
+    return None
+
+
+def hooked(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None))

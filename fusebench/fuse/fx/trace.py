@@ -1,0 +1,111 @@
+"""Tracing for the graph pass: which modules get an fx graph, and how a rewritten graph runs.
+
+The whole model is traced first. Where symbolic tracing fails (data-dependent control flow,
+iterating a Proxy, ...) each child is traced on its own, then the parent is tried again with the
+children that failed kept as opaque leaves; a module that still fails is a `fx_fallback` note
+and only its submodules (and the module-level rules) are matched. Standard torch.nn modules,
+the fuser's own FusedModules and modules with hooks are leaves (inlining a hooked module would
+skip its hooks).
+
+A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
+names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
+as FSDP needs). While the module's training flag differs from the one it was traced with (fx
+specialises `self.training` branches), the class's own forward runs instead."""
+from __future__ import annotations
+
+import types
+
+import torch.fx as fx
+import torch.nn as nn
+
+from fusebench.errors import first_line
+from fusebench.fuse.fx.nodes import hooked
+from fusebench.fuse.rule import FusedModule
+
+CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, opaque: set[int]):
+        super().__init__()
+        self.opaque = opaque
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
+                or super().is_leaf_module(m, qualname))
+
+
+def _std_leaf(m: nn.Module) -> bool:
+    return isinstance(m, FusedModule) or (
+        m.__module__.startswith("torch.nn") and not isinstance(m, (nn.Sequential, *CONTAINERS)))
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.GraphModule]]:
+    """(path, module, traced graph) for the topmost modules that trace, outermost first."""
+    opaque: set[int] = set()
+    memo: dict[int, list] = {}
+    failed: dict[tuple[str, str], list[str]] = {}      # (class, reason) -> paths
+
+    def trace(m):
+        try:
+            return fx.GraphModule(m, _Tracer(opaque).trace(m))
+        except Exception as e:                       # noqa: BLE001 - any trace failure
+            return e
+
+    def below(path, m):
+        out = []
+        for name, c in m.named_children():
+            if isinstance(c, CONTAINERS):
+                out += below(_join(path, name), c)
+            elif not _std_leaf(c):
+                out += resolve(_join(path, name), c)
+        return out
+
+    def resolve(path, m):
+        if id(m) in memo:
+            return memo[id(m)]
+        gm = None if isinstance(m, CONTAINERS) else trace(m)
+        if not isinstance(gm, fx.GraphModule):
+            roots = below(path, m)                   # marks untraceable children opaque
+            retry = None if isinstance(m, CONTAINERS) else trace(m)
+            if not isinstance(retry, fx.GraphModule):
+                opaque.add(id(m))
+                if gm is not None:
+                    key = (type(m).__name__, first_line(gm, 200))
+                    failed.setdefault(key, []).append(path or "the model")
+                memo[id(m)] = roots
+                return roots
+            gm = retry
+        out = [(path, m, gm)]
+        for n in gm.graph.nodes:                     # custom leaves: opaque or hooked modules
+            if n.op == "call_module":
+                sub = m.get_submodule(n.target)
+                if not _std_leaf(sub) and sub is not m:
+                    out += [r for r in resolve(_join(path, n.target), sub) if r not in out]
+        memo[id(m)] = out
+        return out
+    roots = resolve("", model)
+    for (cls, reason), paths in failed.items():     # one note per class and reason
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        notes.append(("fx_fallback", f"fx trace of {', '.join(paths[:3])}{more} ({cls}) "
+                                     f"failed: {reason}; its submodules are matched on their own"))
+    return roots
+
+
+def install(m: nn.Module, gm: fx.GraphModule) -> None:
+    """Run gm's generated code as m's forward (m's own attributes; see the module docstring)."""
+    gm.recompile()
+    for n in gm.graph.nodes:         # tensor constants fx lifted out of the code live on gm
+        if n.op == "get_attr" and "." not in n.target and not hasattr(m, n.target):
+            object.__setattr__(m, n.target, getattr(gm, n.target))
+    code, traced_training = type(gm).forward, m.training
+
+    def forward(self, *args, **kwargs):
+        if self.training != traced_training:
+            return type(self).forward(self, *args, **kwargs)
+        return code(self, *args, **kwargs)
+    m.forward = types.MethodType(forward, m)

@@ -1,0 +1,375 @@
+"""The fuser's graph pass on models fusebench did not write: an official-ConvNeXt-like, a
+nanoGPT-like and a torchvision-like EfficientNet (tests/assets, our own code with their
+layouts), and each LayerNorm-over-channels spelling on its own. Per model: the sites per
+pattern, the fused kernels really in the autograd graph (one node per site), the same
+Parameters under the same names, forward and gradients equal to float64 eager, and the
+candidates that did not fuse (or a failed trace) reported as events with a reason."""
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusebench.fuse import fuse
+from fusebench.measure import correctness as corr
+from fusebench.measure.events import EventLog
+from fusebench.modes import get_mode
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
+
+LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
+              "LN2dFunctionBackward", "LN2dTritonFunctionBackward"}
+IMAGE = (2, 3, 32, 32)
+
+
+def image():
+    return torch.randn(*IMAGE, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def tokens():
+    return (torch.randint(0, nano_gpt.VOCAB, (2, nano_gpt.CONTEXT),
+                          generator=torch.Generator().manual_seed(1)),)
+
+
+# model -> (factory, inputs, sites expected in train)
+ASSETS = {
+    "convnext_official": (convnext_official.make, lambda: (image(),),
+                          {"ln2d": 9, "mlp": 5, "dwconv": 5}),
+    "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
+    "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), {"bn_act": 9, "se_gate": 4}),
+    "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
+                                       {"bn_act": 9, "se_gate": 4}),
+}
+# the MultiOpKernel name prefix each graph pattern's Function carries
+KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se["}
+
+
+def graph(y: torch.Tensor):
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        yield node
+        stack.extend(n for n, _ in node.next_functions)
+
+
+def ran(y: torch.Tensor) -> Counter:
+    """Fused nodes in y's autograd graph, per pattern (a MultiOpFunction's ctx is its node).
+    ln2d's cpu binding runs aten's layer_norm on channels-last x (binding.resolve_ln2d), which
+    leaves no node of its own: ln2d is counted by site calls (site_calls) instead."""
+    out: Counter = Counter()
+    for node in graph(y):
+        name = type(node).__name__
+        if name == "MultiOpFunctionBackward":
+            out.update(p for p, pre in KERNEL_PREFIX.items() if node.kernel.name.startswith(pre))
+        out["dwconv"] += name == "DwConvCpuFunctionBackward"
+    return +out
+
+
+@pytest.fixture
+def site_calls(monkeypatch):
+    """Calls of each fused graph site (Site.__call__, by its name), counted; and any warning
+    (a site that ran aten instead says so) fails the test."""
+    from fusebench.fuse.fx.pattern import Site
+    calls: Counter = Counter()
+    real = Site.__call__
+
+    def counted(self, *args):
+        calls[self.__name__] += 1
+        return real(self, *args)
+    monkeypatch.setattr(Site, "__call__", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield calls
+
+
+def build(factory, **kw) -> nn.Module:
+    torch.manual_seed(0)
+    model = factory(**kw).double()
+    for m in model.modules():          # non-trivial norm / layer-scale parameters
+        for name, p in m.named_parameters(recurse=False):
+            if name in ("bias", "gamma") or (name == "weight" and p.dim() == 1):
+                with torch.no_grad():
+                    p.uniform_(0.5, 1.5)
+    return model
+
+
+def check_step(model, ref, inputs, tol=1e-9):
+    y, r = model(*inputs), ref(*inputs)
+    torch.testing.assert_close(y, r, atol=tol, rtol=tol)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    got = {n: p.grad for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < tol
+    return y
+
+
+@pytest.mark.parametrize("name", sorted(ASSETS))
+def test_asset_sites_fuse_and_match_float64_eager(name, site_calls):
+    factory, inputs, expected = ASSETS[name]
+    model = build(factory).train()
+    ref = copy.deepcopy(model)
+    params = dict(model.named_parameters())
+    result = fuse(model, "train")
+    assert dict(result.sites) == expected, result.sites
+    assert list(dict(model.named_parameters()).items()) == list(params.items())
+    assert all(params[n] is p for n, p in model.named_parameters())
+    graph_sites = {f"fused_{k}".replace("se_gate", "se"): n for k, n in expected.items()
+                   if k != "dwconv"}
+    for _ in range(2):                 # second step: BN running statistics updated alike
+        model.zero_grad()
+        ref.zero_grad()
+        site_calls.clear()
+        y = check_step(model, ref, inputs())
+        assert ran(y) == Counter({k: n for k, n in expected.items() if k != "ln2d"}), ran(y)
+        assert dict(site_calls) == graph_sites
+    for (n, b), c in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c, msg=n)
+
+
+class PermuteLN(nn.Module):            # permute -> nn.LayerNorm -> permute
+    def __init__(self, c):
+        super().__init__()
+        self.ln = nn.LayerNorm(c, eps=1e-5)
+
+    def forward(self, x):
+        return self.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ChannelsLastViewLN(nn.Module):   # F.layer_norm on a channels-last view, used NHWC
+    def __init__(self, c):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.rand(c))
+
+    def forward(self, x):
+        y = F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), self.w, self.b, 1e-6)
+        return y.sum(-1)
+
+
+class TwoPassRsqrt(nn.Module):         # (x - u) * rsqrt(var + eps), weight via view
+    def __init__(self, c):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.rand(c))
+
+    def forward(self, x):
+        u = torch.mean(x, dim=1, keepdim=True)
+        d = x - u
+        n = (x - u) * torch.rsqrt((d * d).mean(dim=[1], keepdim=True) + 1e-6)
+        return self.b.view(1, -1, 1, 1) + n * self.w.view(1, -1, 1, 1)
+
+
+class OnePass(nn.Module):              # E[x^2] - E[x]^2, parameters shaped (C, 1, 1)
+    def __init__(self, c):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+        self.b = nn.Parameter(torch.rand(c, 1, 1))
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        var = (x * x).mean(1, keepdim=True) - u.pow(2)
+        return (x - u) / torch.sqrt(var + 1e-5) * self.w + self.b
+
+
+@pytest.mark.parametrize("cls", [PermuteLN, ChannelsLastViewLN, TwoPassRsqrt, OnePass,
+                                 lambda c: convnext_official.LayerNorm(
+                                     c, data_format="channels_first")],
+                         ids=["permute", "channels_last_view", "two_pass_rsqrt", "one_pass",
+                              "official_channels_first"])
+def test_each_ln_over_channels_spelling_is_one_ln2d_site(cls, site_calls):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), cls(6)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"ln2d": 1}, (result.sites, result.notes)
+    assert not result.unfused.get("LayerNorm"), result.unfused
+    y = check_step(model, ref, (image() * 3 + 2,))
+    assert site_calls == {"fused_ln2d": 1}
+    assert {type(n).__name__ for n in graph(y)} & LN2D_NODES     # NCHW x: our kernel's node
+
+
+def test_events_say_what_did_not_fuse_and_where_tracing_failed():
+    events = EventLog()
+    model = build(nano_gpt.make).float()
+    get_mode("fused").prepare(model, tokens(), {"bench": "train"}, events)
+    msgs = {e.kind: [] for e in events.events()}
+    for e in events.events():
+        msgs[e.kind].append(e.message)
+    assert "mlp: 2 sites" in msgs["fusion"]
+    # the attention splits a traced value: its trace fails, the rest of the model still fuses
+    assert any("transformer.h.0.attn" in m and "failed" in m for m in msgs["fx_fallback"])
+    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: no fused LayerNorm+Linear")
+               for m in msgs["not_fused"]), msgs["not_fused"]
+
+
+def test_a_hooked_module_is_a_candidate_not_fused():
+    model = build(tv_efficientnet.make)
+    model.features[0][1].register_forward_hook(lambda m, i, o: None)    # the stem's BN
+    result = fuse(model, "train")
+    assert result.sites["bn_act"] == 8
+    assert any(k == "not_fused" and "bn_act: 1 candidate(s)" in m and "a hook on" in m
+               for k, m in result.notes), result.notes
+
+
+def test_unsupported_activation_is_a_reason():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Hardswish())
+    result = fuse(model, "train")
+    assert not result.sites
+    assert any("activation hardswish" in m for k, m in result.notes if k == "not_fused")
+
+
+def test_frozen_batchnorm_and_a_flipped_training_flag():
+    """BN in eval mode inside a training run fuses too (running statistics); a model switched
+    to eval after fusing runs its own forward (fx specialised the training branches)."""
+    model = build(tv_efficientnet.make).train()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.eval()
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["bn_act"] == 9
+    y = check_step(model, ref, (image(),))
+    assert any(n.kernel.name.startswith("bn_eval_act[") for n in graph(y)
+               if type(n).__name__ == "MultiOpFunctionBackward")
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(image()), ref(image()), atol=1e-10, rtol=1e-9)
+
+
+def test_parameters_are_read_at_call_time():
+    """What FSDP does between steps: swap a Parameter on the module; the fused site uses it."""
+    model = build(convnext_official.make).train()
+    fuse(model, "train")
+    copied = copy.deepcopy(model)
+    block = model.stages[0][0]
+    block.pwconv2.weight = nn.Parameter(torch.zeros_like(block.pwconv2.weight))
+    block.pwconv2.bias = nn.Parameter(torch.zeros_like(block.pwconv2.bias))
+    x = image()
+    stem = model.downsample_layers[0](x)
+    torch.testing.assert_close(block(stem), stem)                # the MLP branch is now zero
+    assert copied(x).shape == (2, 10)                            # a deep copy still runs
+
+
+INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+               "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
+               "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4}}
+
+
+@pytest.mark.parametrize("name", sorted(ASSETS))
+def test_asset_infer_fuses_a_copy_that_matches_eager(name):
+    factory, inputs, _ = ASSETS[name]
+    model = build(factory).eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    state = copy.deepcopy(model.state_dict())
+    result = fuse(model, "infer")
+    assert dict(result.sites) == INFER_SITES[name], result.sites
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # untouched
+    assert "Identity" not in result.unfused and "BatchNorm2d" not in result.unfused
+    with torch.no_grad():
+        x = inputs()
+        torch.testing.assert_close(result.model(*x), model(*x), atol=1e-9, rtol=1e-9)
+
+
+class ConvMlpGamma(nn.Module):         # 1x1 convs, SiLU, layer scale shaped (C, 1, 1)
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, 4 * c, 1), nn.Conv2d(4 * c, c, 1)
+        self.gamma = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+
+    def forward(self, x):
+        return x + self.gamma * self.fc2(F.silu(self.fc1(x)))
+
+
+class FunctionalTanhMlp(nn.Module):    # F.linear with module parameters, tanh GELU, gamma[:, ...]
+    def __init__(self, c):
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(4 * c, c) / c), nn.Parameter(torch.rand(4 * c))
+        self.w2 = nn.Parameter(torch.randn(c, 4 * c) / c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):             # (N, C, H, W) -> NHWC MLP without fc2 bias -> NCHW
+        h = F.gelu(F.linear(x.permute(0, 2, 3, 1), self.w1, self.b1), approximate="tanh")
+        return (F.linear(h, self.w2) * self.gamma).permute(0, 3, 1, 2)
+
+
+class NoBiasGeluMlp(nn.Module):        # nanoGPT with bias=False
+    def __init__(self, c):
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Linear(c, 4 * c, bias=False), nn.Linear(4 * c, c, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(nn.functional.gelu(self.c_fc(x.permute(0, 2, 3, 1))))
+
+
+@pytest.mark.parametrize("cls", [ConvMlpGamma, FunctionalTanhMlp, NoBiasGeluMlp])
+def test_each_mlp_spelling_is_one_mlp_site(cls, site_calls):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), cls(6)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    y = check_step(model, ref, (image(),))
+    assert site_calls == {"fused_mlp": 1} and ran(y) == {"mlp": 1}
+
+
+def _dist_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from fusebench.cell.rank_cell import RankRun
+    from fusebench.run.distributed import DistSettings
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+    def fresh():
+        torch.manual_seed(0)
+        return convnext_official.make(layer_scale=0.5)
+    ref = fresh()
+    ref(x).square().mean().backward()
+    expected = {n: p.grad for n, p in ref.named_parameters()}
+    out = {}
+    for kind in ("ddp", "fsdp1", "fsdp2"):
+        model = fresh()
+        sites = dict(fuse(model, "train").sites)
+        run = RankRun(DistSettings(kind, 2))
+        wrapped = run.wrap(None, model, (), {}, EventLog())
+        wrapped(x).square().mean().backward()
+        got = run.full_grads(model)
+        out[kind] = {"sites": sites, "names_same": sorted(got) == sorted(expected),
+                     "mismatch": [n for n, g in expected.items()
+                                  if not torch.allclose(got[n], g, atol=1e-5, rtol=1e-4)]}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_graph_sites_train_under_ddp_and_fsdp(tmp_path):
+    """The graph pass keeps the param-count-in-forward invariant: the official-ConvNeXt-like
+    model, fused, gets the single-process gradients under DDP, FSDP1 and FSDP2."""
+    import json
+    import os
+
+    import torch.multiprocessing as mp
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_dist_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for kind, r in out.items():
+            assert r["sites"] == {"ln2d": 9, "mlp": 5, "dwconv": 5}, kind
+            assert r["names_same"] and r["mismatch"] == [], (kind, r["mismatch"])
