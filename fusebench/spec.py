@@ -369,13 +369,19 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str       # warning, cpp_warning, graph_break, recompile, fallback_kernel, fusion, ...
+    category: str   # warning, cpp_warning, graph_break, recompile, fallback_kernel, fusion, ...
     source: str     # python, stderr, dynamo, inductor, torchscript, fusebench, ...
     message: str    # first line only
     count: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Event":
+        if "kind" in d:     # files written before the field was named `category`
+            d = {("category" if k == "kind" else k): v for k, v in d.items()}
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -473,6 +479,6 @@ def measured_from_dict(d: dict[str, Any]) -> dict[str, Any]:
         throughput=d.get("throughput"), step_ms=StepStats.from_dict(d.get("step_ms")),
         compile_s=d.get("compile_s"), peak_mem_bytes=d.get("peak_mem_bytes"),
         activation_bytes=d.get("activation_bytes"),
-        events=tuple(Event(**e) for e in d.get("events", ())),
+        events=tuple(Event.from_dict(e) for e in d.get("events", ())),
         correctness=Correctness.from_dict(d.get("correctness")),
         error=ErrorInfo(**d["error"]) if d.get("error") else None)

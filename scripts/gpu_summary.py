@@ -48,7 +48,7 @@ def _kernel_rows(recs: list[Record]) -> list[dict[str, Any]]:
                      "device_ms": x.get("device_ms"), "device_source": x.get("device_time_source"),
                      "pct_of_copy": x.get("pct_of_copy"),
                      "pct_of_copy_device": x.get("pct_of_copy_device"),
-                     "launch_bound": any(e.kind == "launch_bound" for e in r.events),
+                     "launch_bound": any(e.category == "launch_bound" for e in r.events),
                      "energy_per_step_j": x.get("energy_per_sample_j")})
     return rows
 

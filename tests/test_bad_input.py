@@ -433,6 +433,7 @@ WRONG_V2 = [("spec.model.batch_size", [8]), ("spec.model.batch_size", "8"),
             ("throughput", "fast"), ("params", 1.5), ("peak_mem_bytes", -5),
             ("events", [{"kind": 1, "source": "x", "message": "m"}]),
             ("events", [{"kind": "w"}]), ("correctness.passed", "no"),
+            ("events", [{"category": "w", "kind": "w", "source": "x", "message": "m"}]),
             ("error", {"type": ["X"], "message": "m"}), ("extra", [1, 2]),
             ("status", 3), ("spec.kernel", {"family": "ln2d"})]
 WRONG_V1 = [("batch_size", [8]), ("model", 7), ("img_size", "224"), ("step_ms.median", -2.0),

@@ -63,7 +63,7 @@ def test_contended_window_adds_an_event(monkeypatch):
             return dict(busy)
     monkeypatch.setattr(model_cell, "CpuWindow", Busy)
     rec = _run()
-    events = [e for e in rec.events if e.kind == "contention"]
+    events = [e for e in rec.events if e.category == "contention"]
     assert len(events) == 1 and events[0].source == "fusebench"
     assert "other processes used 50%" in events[0].message
     assert rec.extra["contention"]["others_frac"] == 0.5

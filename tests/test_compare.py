@@ -74,7 +74,7 @@ def test_geomean_ratio():
 # --- compare logic ------------------------------------------------------------------------------
 def test_single_file_modes_vs_eager(aa_files):
     cmp = compare_files([aa_files[0]])
-    assert cmp.kind == "modes" and cmp.baseline == "eager"
+    assert cmp.axis == "modes" and cmp.baseline == "eager"
     verdicts = {(r.model, r.variant): r.verdict for r in cmp.rows}
     assert verdicts[("convnext_tiny", "eager")] == "baseline"
     assert verdicts[("convnext_tiny", "compile")].startswith("1.2")

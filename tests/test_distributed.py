@@ -242,7 +242,7 @@ def test_fused_cell_under_fsdp1_via_torchrun():
     assert rec.status == "ok", (rec.error, rec.extra.get("stderr_tail"))
     assert rec.spec.dist.world_size == 2 and sorted(rec.extra["rank_step_ms_median"]) == ["0", "1"]
     assert rec.correctness.passed
-    msgs = [e.message for e in rec.events if e.kind == "fusion"]
+    msgs = [e.message for e in rec.events if e.category == "fusion"]
     assert any(m.startswith("ln2d: ") for m in msgs) and any("mlp_bias_gelu" in m for m in msgs)
     medians = rec.extra["rank_step_ms_median"].values()
     assert rec.throughput == pytest.approx(sum(2 / (m / 1e3) for m in medians))

@@ -77,7 +77,7 @@ def test_export_quotes_formulas_and_controls(capsys, hostile_file, tmp_path, fmt
 @pytest.mark.parametrize("kind", ["speedup", "throughput"])
 def test_plot_with_mathtext_and_markup_names(capsys, hostile_file, tmp_path, kind):
     target = tmp_path / f"{kind}.png"
-    _run(capsys, ["plot", hostile_file, "--kind", kind, "-o", target])
+    _run(capsys, ["plot", hostile_file, "--figure", kind, "-o", target])
     assert target.stat().st_size > 1000
 
 

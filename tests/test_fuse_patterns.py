@@ -202,9 +202,9 @@ def test_events_say_what_did_not_fuse_and_where_tracing_failed():
     events = EventLog()
     model = build(nano_gpt.make).float()
     get_mode("fused").prepare(model, tokens(), {"bench": "train"}, events)
-    msgs = {e.kind: [] for e in events.events()}
+    msgs = {e.category: [] for e in events.events()}
     for e in events.events():
-        msgs[e.kind].append(e.message)
+        msgs[e.category].append(e.message)
     assert "mlp: 2 sites" in msgs["fusion"]
     # the attention splits a traced value: its trace fails, the rest of the model still fuses
     assert any("transformer.h.0.attn" in m and "failed" in m for m in msgs["fx_fallback"])

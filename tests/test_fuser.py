@@ -174,7 +174,7 @@ def test_mode_records_coverage_events():
     mode.prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
     by_kind: dict[str, list] = {}
     for e in events.events():
-        by_kind.setdefault(e.kind, []).append(e)
+        by_kind.setdefault(e.category, []).append(e)
     fusion = {e.message for e in by_kind["fusion"]}
     assert {"ln2d: 17 sites", "mlp_bias_gelu: 12 sites", "dwconv: 12 sites"} <= fusion, fusion
     assert all(e.source == "fuser" for e in by_kind["fusion"])
@@ -186,7 +186,7 @@ def test_mode_on_a_model_without_patterns_says_zero_sites():
     events = EventLog()
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
     get_mode("fused").prepare(model, (torch.randn(1, 3, 8, 8),), {"bench": "train"}, events)
-    assert any(e.kind == "fusion" and e.message.startswith("0 sites") for e in events.events())
+    assert any(e.category == "fusion" and e.message.startswith("0 sites") for e in events.events())
 
 
 def test_ln2d_kernel_fallback_is_an_event(monkeypatch):
@@ -195,7 +195,7 @@ def test_ln2d_kernel_fallback_is_an_event(monkeypatch):
     events = EventLog()
     model = build("convnext_atto").float()
     get_mode("fused").prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
-    fb = [e for e in events.events() if e.kind == "kernel_fallback"]
+    fb = [e for e in events.events() if e.category == "kernel_fallback"]
     assert fb and "ran 'function'" in fb[0].message and "no g++" in fb[0].message
     assert all(m.impl == "function" for m in model.modules()
                if isinstance(m, FusedLayerNorm2d))

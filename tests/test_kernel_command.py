@@ -120,7 +120,7 @@ def test_auto_fallback_runs_function_under_its_own_name(monkeypatch):
     r = _cell("auto")
     assert r.status == "ok"
     assert r.extra["ran_impl"] == "function" and r.spec.kernel.impl == "auto"
-    assert any(e.kind == "fallback" and "no compiler" in e.message for e in r.events)
+    assert any(e.category == "fallback" and "no compiler" in e.message for e in r.events)
 
 
 def test_unavailable_impl_is_a_record(monkeypatch):

@@ -126,7 +126,7 @@ def test_default_sizes():
 
 def test_resolve_zoo():
     src = resolve_model("efficientnet_b0")
-    assert (src.name, src.kind, src.family) == ("efficientnet_b0", "zoo", "efficientnet")
+    assert (src.name, src.origin, src.family) == ("efficientnet_b0", "zoo", "efficientnet")
     assert src.input_size("train") == (3, 224, 224)
     assert src.input_size("infer", img_size=64) == (3, 64, 64)
     assert src.min_size == 32
@@ -187,7 +187,7 @@ def model_file(tmp_path):
 
 def test_file_model_builds(model_file):
     src = resolve_model(f"{model_file}:make")
-    assert src.kind == "file"
+    assert src.origin == "file"
     assert src.description == "A tiny conv net."
     model = src.build(**coerce_kwargs(src.factory, {"width": "6", "num_classes": "5"}))
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)

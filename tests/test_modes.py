@@ -33,7 +33,7 @@ def x_in(n: int = 2, hw: int = 8) -> torch.Tensor:
 def kinds(events: EventLog) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for e in events.events():
-        out.setdefault(e.kind, []).append(e.message)
+        out.setdefault(e.category, []).append(e.message)
     return out
 
 

@@ -104,4 +104,4 @@ def test_kernel_cell_noisy_timing_gets_the_noise_event(monkeypatch):
     spec = CellSpec.for_kernel("ln2d", "permute", (2, 8, 4, 4), "eager", direction="fwd")
     rec = kernel_cell.run_cell(spec, lambda phase: None)
     assert rec.status == "ok", rec.error
-    assert [e for e in rec.events if e.kind == "noise"], rec.events
+    assert [e for e in rec.events if e.category == "noise"], rec.events

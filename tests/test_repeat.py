@@ -122,10 +122,10 @@ def test_merged_noise_and_contention_events_are_judged_once():
                       extra={**r.extra, "contention": {**busy, "others_frac": 0.2 * (i + 1)}})
             for i, r in enumerate(_procs([100.0, 200.0]))]
     m = merge_processes(recs)
-    kinds = sorted(e.kind for e in m.events)
+    kinds = sorted(e.category for e in m.events)
     assert kinds == ["contention", "noise", "warning"]        # one of each
-    assert "40%" in next(e.message for e in m.events if e.kind == "contention")  # the worst
-    assert "over 2 processes" in next(e.message for e in m.events if e.kind == "noise")
+    assert "40%" in next(e.message for e in m.events if e.category == "contention")  # the worst
+    assert "over 2 processes" in next(e.message for e in m.events if e.category == "noise")
 
 
 def test_a_failed_process_fails_the_cell_and_says_which():

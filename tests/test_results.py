@@ -144,3 +144,19 @@ def test_nan_is_never_written(tmp_path):
     with pytest.raises(ValueError):
         save(doc, tmp_path / "r.json")
     assert not list(tmp_path.iterdir())             # no partial or temp file left behind
+
+
+def test_events_written_with_the_earlier_name_kind_load_as_category(tmp_path):
+    """fusebench/2 files before Event.kind became `category` stay readable, on both paths."""
+    from fusebench.results.document import load_records
+    rec = Record(CellSpec.for_model("m", "eager"), "ok",
+                 events=(Event("warning", "python", "w", 2),))
+    doc = new_document({}, [rec])
+    doc["records"][0]["events"] = [{"kind": "warning", "source": "python", "message": "w",
+                                    "count": 2}]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    _, (fast,) = load_records(path)                  # the exact-schema fast path
+    slow = Record.from_dict(json.loads(path.read_text())["records"][0])
+    assert fast.events == slow.events == rec.events
+    assert rec.to_dict()["events"][0]["category"] == "warning"

@@ -58,7 +58,7 @@ def test_oom_retries_with_decayed_batch(fault_modes):
 
 def test_python_warnings_become_events():
     rec = run_one(tiny_spec(model=WARNING))
-    ev = [e for e in rec.events if e.kind == "warning"]
+    ev = [e for e in rec.events if e.category == "warning"]
     assert ev and ev[0].message == "tiny model warns every call"
     assert ev[0].source == "python:UserWarning"
     assert ev[0].count >= 1 + 1 + 3   # first call, warm-up, timed steps (and checks)
@@ -75,7 +75,7 @@ def test_graph_break_recorded_for_compile():
     rec = run_one(tiny_spec(model=GRAPH_BREAK, mode="compile",
                             mode_options=(("compile_backend", "aot_eager"),)))
     assert rec.status == "ok", rec.error
-    gb = [e for e in rec.events if e.kind == "graph_break"]
+    gb = [e for e in rec.events if e.category == "graph_break"]
     assert gb and gb[0].source == "dynamo"
     assert rec.correctness.passed
 

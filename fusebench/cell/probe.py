@@ -111,7 +111,7 @@ def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> d
         coerce_kwargs(src.factory, kwargs)
         for size in sizes:
             src.validate_img_size(size)
-        out[ref] = {"kind": src.kind, "family": src.family}
+        out[ref] = {"origin": src.origin, "family": src.family}
     return out
 
 

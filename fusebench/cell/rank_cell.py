@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     spec_dict = json.loads(spec_path.read_text())
     device = init_process_group(spec_dict.get("device", "cpu").split(":")[0], env)
     record = worker.run({**spec_dict, "device": device})
-    record["spec"]["device"] = spec_dict.get("device", device)   # the aggregate names the kind
+    record["spec"]["device"] = spec_dict.get("device", device)   # the aggregate names the device type
     record["extra"]["rank"] = env.rank
     path = rank_path(out_path, env.rank)
     write_atomic(path, json.dumps(record, allow_nan=False))

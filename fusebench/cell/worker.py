@@ -43,8 +43,8 @@ def run(spec_dict: dict) -> dict:
         traceback.print_exc(file=sys.stderr)
         status = "oom" if _is_oom(e) else "error"
         first = first_line(e, 500)
-        kind = "UsageError" if isinstance(e, UsageError) else type(e).__name__
-        rec = Record(spec, status, error=ErrorInfo(kind, first)).to_dict()
+        etype = "UsageError" if isinstance(e, UsageError) else type(e).__name__
+        rec = Record(spec, status, error=ErrorInfo(etype, first)).to_dict()
     rec.setdefault("extra", {})["threads"] = threads
     return rec
 

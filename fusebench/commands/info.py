@@ -59,7 +59,7 @@ def info(
     table.add_column()
     where = f"at {_size(s['gflops_input_size'])}, batch 1, forward only" + (
         "" if img_size else f", the {s['gflops_bench']} default")
-    for key, value in (("model", s["name"]), ("family", s["family"] or s["kind"]),
+    for key, value in (("model", s["name"]), ("family", s["family"] or s["origin"]),
                        ("description", s["description"]), ("parameters", f"{s['params']:,}"),
                        ("train input", _size(s["train_input_size"])),
                        ("infer input", _size(s["infer_input_size"])),

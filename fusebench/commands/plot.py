@@ -1,4 +1,4 @@
-"""fusebench plot FILE [FILE...] --kind KIND -o out.png|.svg: the picture people share."""
+"""fusebench plot FILE [FILE...] --figure NAME -o out.png|.svg: the picture people share."""
 from __future__ import annotations
 
 import sys
@@ -11,14 +11,16 @@ from fusebench.commands import add_command, choices, guarded
 from fusebench.render.plot import PLOTS
 
 
-PlotKind = choices("PlotKind", PLOTS)
+Figure = choices("Figure", PLOTS)
 
 
 @guarded
 def plot(
     files: Annotated[list[Path], typer.Argument(
         help="Results files (fusebench JSON, any schema version).")],
-    kind: Annotated[PlotKind, typer.Option(help="Which figure.")] = PlotKind("speedup"),
+    figure: Annotated[Figure, typer.Option(
+        "--figure", "--kind", help="Which figure (--kind: its earlier name).")] =
+        Figure("speedup"),
     output: Annotated[Path, typer.Option("--output", "-o",
                                          help="Image to write: .png, .svg or .pdf.")] =
         Path("fusebench.png"),
@@ -27,7 +29,7 @@ def plot(
     from fusebench.render.plot import plot_files
 
     _check_output(output, files)
-    out = plot_files(files, kind.value, output)
+    out = plot_files(files, figure.value, output)
     print(f"wrote {out}", file=sys.stderr)
 
 

@@ -88,8 +88,8 @@ def bind_act(family: str, device: str, notes: list, impl: str | None = None) -> 
     """The pure pair of `impl` (default: PREFERRED for the device; "a|b" = a on channels-last
     x, b otherwise) if usable here, else `function` with a kernel_fallback note. Resolved once
     per fuse(), never per call."""
-    kind = "cuda" if str(device).startswith("cuda") else "cpu"
-    name = impl or PREFERRED[kind][family]
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or PREFERRED[device_type][family]
     pairs = [_bind_one(family, n, device, notes) for n in name.split("|")]
     pair = pairs[0] if len(pairs) == 1 else _by_layout(*pairs)
     notes.append(("info", f"{family}: kernel = '{pair.impl}'"))

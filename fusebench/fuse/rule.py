@@ -38,7 +38,7 @@ class FuseContext:
     ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
     dwconv: bool | None = None                    # the dwconv kernel built here, checked once
     covered: set[int] = field(default_factory=set)    # ids of modules a graph site absorbed
-    notes: list[tuple[str, str]] = field(default_factory=list)   # (event kind, message)
+    notes: list[tuple[str, str]] = field(default_factory=list)   # (event category, message)
     impls: dict[str, str] = field(default_factory=dict)          # family -> impl override
     bound: dict[str, Pure] = field(default_factory=dict)         # family -> pair, once
 

@@ -1,6 +1,6 @@
 """Every fallback is an event: Python warnings, C++ warnings on stderr, compiler counters.
 
-EventLog aggregates by (kind, source, message-first-line) so a warning raised every step is one
+EventLog aggregates by (category, source, message-first-line) so a warning raised every step is one
 event with a count, not a thousand lines."""
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ class EventLog:
     def __init__(self):
         self._counts: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
-    def add(self, kind: str, source: str, message: object, count: int = 1) -> None:
-        key = (kind, source, first_line(message))
+    def add(self, category: str, source: str, message: object, count: int = 1) -> None:
+        key = (category, source, first_line(message))
         self._counts[key] = self._counts.get(key, 0) + count
 
     def events(self) -> tuple[Event, ...]:
         return tuple(Event(k, s, m, c) for (k, s, m), c in self._counts.items())
 
-    def count(self, kind: str) -> int:
-        return sum(c for (k, _, _), c in self._counts.items() if k == kind)
+    def count(self, category: str) -> int:
+        return sum(c for (k, _, _), c in self._counts.items() if k == category)
 
     @contextlib.contextmanager
     def capture_warnings(self):
@@ -59,8 +59,8 @@ class EventLog:
                 text = tmp.read().decode(errors="replace")
                 if text:
                     os.write(2, text.encode())
-                for kind, msg in parse_stderr(text):
-                    self.add(kind, "stderr", msg)
+                for category, msg in parse_stderr(text):
+                    self.add(category, "stderr", msg)
 
 
 # C++ warnings look like "[W1130 10:58:36.123 file.cpp:42] Warning: ..." or "UserWarning: ...".

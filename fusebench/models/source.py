@@ -24,7 +24,7 @@ ZOO_MIN_SIZE = 32                    # zoo models downsample by 32
 @dataclass(frozen=True)
 class ModelSource:
     name: str                        # what the user typed, e.g. "convnext_tiny", "m.py:make"
-    kind: str                        # "zoo" | "file" | "timm"
+    origin: str                      # "zoo" | "file" | "timm"
     factory: Callable = field(repr=False, compare=False, default=None)
     default_input_size: tuple[int, int, int] | None = None   # zoo/timm: train size
     infer_input_size: tuple[int, int, int] | None = None
@@ -34,12 +34,12 @@ class ModelSource:
     @property
     def min_size(self) -> int:
         """Smallest --img-size the model accepts (1 where we cannot tell)."""
-        if self.kind == "zoo":
+        if self.origin == "zoo":
             return ZOO_MIN_SIZE
         return int(getattr(self.factory, "min_size", 1))
 
     def build(self, **kwargs) -> nn.Module:
-        if self.kind == "timm":
+        if self.origin == "timm":
             import timm
             return timm.create_model(self.name.split(":", 1)[1], pretrained=False, **kwargs)
         try:
@@ -49,11 +49,11 @@ class ModelSource:
         except TypeError as e:
             if "keyword argument" in str(e):        # a kwarg the factory does not take
                 raise UsageError(f"model '{self.name}': {e}") from e
-            if self.kind == "zoo":
+            if self.origin == "zoo":
                 raise
             raise UsageError(f"model '{self.name}' failed to build: {describe(e)}") from e
         except Exception as e:
-            if self.kind == "zoo":                  # our bug: keep the traceback
+            if self.origin == "zoo":                  # our bug: keep the traceback
                 raise
             raise UsageError(f"model '{self.name}' failed to build: {describe(e)}") from e
         if not isinstance(model, nn.Module):
@@ -94,7 +94,7 @@ class ModelSource:
         return model_inputs.with_memory_format(got, memory_format)
 
     def _default_size(self, bench: str, model: nn.Module | None) -> tuple[int, int, int]:
-        if self.kind == "file":
+        if self.origin == "file":
             for owner in (model, self.factory):
                 s = getattr(owner, "input_size", None) if owner is not None else None
                 if s is not None:
@@ -214,17 +214,17 @@ def _coerce(key: str, text: str, default):
             return low in _TRUE
         raise UsageError(f"model kwarg {key} expects true/false, got '{text}'")
     if isinstance(default, (int, float)):
-        kind = type(default)
+        typ = type(default)
         try:
-            return kind(text)
+            return typ(text)
         except ValueError:
             try:                            # "1e-3" for a float, "10.0" for an int
                 value = float(text)
             except ValueError:
                 value = None
-            if value is not None and (kind is float or value.is_integer()):
-                return kind(value)
-            raise UsageError(f"model kwarg {key} expects {kind.__name__}, got '{text}'") from None
+            if value is not None and (typ is float or value.is_integer()):
+                return typ(value)
+            raise UsageError(f"model kwarg {key} expects {typ.__name__}, got '{text}'") from None
     if isinstance(default, str):
         return text
     try:

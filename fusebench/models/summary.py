@@ -21,7 +21,7 @@ def model_summary(text: str, model_kwargs: dict[str, str] | None = None,
         train, infer = (list(src.input_size(b, model=model)) for b in ("train", "infer"))
         at = list(probe.image_size)
     gflops = forward_gflops_per_sample(model, *probe.args)
-    return {"name": src.name, "kind": src.kind, "family": src.family,
+    return {"name": src.name, "origin": src.origin, "family": src.family,
             "description": src.description, "params": count_params(model),
             "train_input_size": train, "infer_input_size": infer,
             "gflops_per_sample": round(gflops, 4), "gflops_bench": bench,

@@ -82,9 +82,9 @@ class AOT(Mode):
         partition = getattr(fc, PARTITIONERS[o["aot_partitioner"]])
         self._compiled = {"fw": 0, "bw": 0}
 
-        def counted(kind):
+        def counted(graph):
             def compile_one(gm, inputs):
-                self._compiled[kind] += 1
+                self._compiled[graph] += 1
                 return compiler(gm, inputs)  # a failing compiler raises: no silent fallback
             return compile_one
 

@@ -28,8 +28,8 @@ class Fused(Mode):
         from fusebench.fuse import fuse
         bench = options.get("bench", "train")
         result = fuse(model, bench, device_of(model, example_inputs))
-        for kind, msg in result.notes:
-            events.add(kind, "fuser", msg)
+        for category, msg in result.notes:
+            events.add(category, "fuser", msg)
         for fusion, n in result.sites.items():
             events.add("fusion", "fuser", f"{fusion}: {n} sites")
         if not result.sites:

@@ -21,7 +21,7 @@ from fusebench.results.compare import Comparison, Row
 def _headers(cmp: Comparison) -> list[str]:
     m = cmp.metric
     cols = ["model", "config", "mode"]
-    if cmp.kind == "runs":
+    if cmp.axis == "runs":
         cols.append("run")
     cols.append(f"{m.label} ({m.unit})")
     if m.name == "step_ms":
@@ -34,7 +34,7 @@ def _cells(cmp: Comparison, r: Row) -> list[str]:
     m = cmp.metric
     value = m.show(r.value) if r.status == "ok" else r.status
     out = [r.model, r.config, r.variant]
-    if cmp.kind == "runs":
+    if cmp.axis == "runs":
         out.append(r.run)
     out.append(value)
     if m.name == "step_ms":
@@ -45,8 +45,8 @@ def _cells(cmp: Comparison, r: Row) -> list[str]:
 
 def _geo_cells(cmp: Comparison, g) -> list[str]:
     cells = f"({g.cells} cell{'s' if g.cells != 1 else ''})"
-    out = [f"geometric mean\n{cells}", "", "" if cmp.kind == "runs" else g.label]
-    if cmp.kind == "runs":
+    out = [f"geometric mean\n{cells}", "", "" if cmp.axis == "runs" else g.label]
+    if cmp.axis == "runs":
         out.append(g.label)
     out.append("")
     if cmp.metric.name == "step_ms":
@@ -118,7 +118,7 @@ def _caption(cmp: Comparison, runs: dict[str, str]) -> str | None:
 
 def _title(cmp: Comparison) -> tuple[str, set[str]]:
     """The title, plus the columns it makes redundant (one model, one config)."""
-    title = f"{cmp.metric.label}: {cmp.kind} vs {cmp.baseline}"
+    title = f"{cmp.metric.label}: {cmp.axis} vs {cmp.baseline}"
     same: set[str] = set()
     for col, values in (("model", {r.model for r in cmp.rows}),
                         ("config", {r.config for r in cmp.rows})):
@@ -148,7 +148,7 @@ def _columns(cmp: Comparison, runs: dict[str, str]) -> list[Column]:
 def _table_row(cmp: Comparison, r: Row, mark: str | None, runs: dict[str, str]) -> list[Any]:
     cells: list[Any] = [escape(c) for c in _cells(cmp, r)]
     cells[0] = escape(display_name(r.model))
-    if cmp.kind == "runs":
+    if cmp.axis == "runs":
         cells[3] = escape(runs.get(r.run, r.run))
     vi = _headers(cmp).index(f"{cmp.metric.label} ({cmp.metric.unit})")
     if mark:
@@ -183,7 +183,7 @@ def more_rows_line(cmp: Comparison, shown: int) -> str | None:
     if not rest:
         return None
     groups = len({r.group for r in rest})
-    what = "cells" if cmp.kind == "modes" else "cell/mode pairs"
+    what = "cells" if cmp.axis == "modes" else "cell/mode pairs"
     return (f"... {len(rest):,} more rows ({groups:,} {what}) not shown; the geometric mean "
             f"counts them all. Every row: --max-rows 0, --format csv|json|markdown, or "
             f"`fusebench export`")
@@ -193,7 +193,7 @@ def comparison_table(cmp: Comparison, wide: bool = False,
                      max_rows: int | None = TABLE_MAX_ROWS) -> FitTable:
     """The compare table (a FitTable: it fits the console it is printed on); at most max_rows
     rows (shown_rows), then a line saying how many more there are."""
-    runs = short_labels([r.run for r in cmp.rows]) if cmp.kind == "runs" else {}
+    runs = short_labels([r.run for r in cmp.rows]) if cmp.axis == "runs" else {}
     title, same = _title(cmp)
     keep = [i for i, h in enumerate(_headers(cmp)) if h not in same]
     cols = _columns(cmp, runs)
@@ -211,7 +211,7 @@ def comparison_table(cmp: Comparison, wide: bool = False,
     for g in cmp.geomean:
         style = "dim" if not g.ratio.significant else ("green" if g.ratio.gain > 1 else "red")
         cells = [escape(c) for c in _geo_cells(cmp, g)]
-        if cmp.kind == "runs":
+        if cmp.axis == "runs":
             cells[3] = escape(runs.get(g.label, g.label))
         cells[-1] = Text(_geo_cells(cmp, g)[-1], style=style)
         t.add_row(*[cells[j] for j in keep], style="italic")
@@ -248,8 +248,8 @@ def _dict_rows(cmp: Comparison) -> list[dict[str, Any]]:
     for g in cmp.geomean:
         d = {k: None for k in out[0]} if out else {}
         d.update({"model": "geometric mean", "config": f"{g.cells} cells",
-                  "variant": g.label if cmp.kind == "modes" else "",
-                  "run": g.label if cmp.kind == "runs" else "", "metric": cmp.metric.name,
+                  "variant": g.label if cmp.axis == "modes" else "",
+                  "run": g.label if cmp.axis == "runs" else "", "metric": cmp.metric.name,
                   "unit": cmp.metric.unit, "verdict": g.verdict, "baseline": False,
                   "regression": False, **g.ratio.to_dict()})
         out.append(d)
@@ -268,7 +268,7 @@ def render_csv(cmp: Comparison) -> str:
 
 def render_json(cmp: Comparison) -> str:
     doc = {"metric": cmp.metric.name, "unit": cmp.metric.unit,
-           "higher_is_better": cmp.metric.higher_is_better, "kind": cmp.kind,
+           "higher_is_better": cmp.metric.higher_is_better, "axis": cmp.axis,
            "baseline": cmp.baseline, "rows": [r.to_dict(cmp.metric) for r in cmp.rows],
            "geomean": [{"label": g.label, "cells": g.cells, "verdict": g.verdict,
                         **g.ratio.to_dict()} for g in cmp.geomean],

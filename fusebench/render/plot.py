@@ -1,4 +1,4 @@
-"""Figures from results files: one function per kind, kept in PLOTS. Headless (Agg).
+"""Figures from results files: one function per figure, kept in PLOTS. Headless (Agg).
 
 Every figure has a title, axis labels with units and the environment in a footnote; it is written
 to a temp file in the target folder and renamed, so a failed plot never leaves half a file.
@@ -113,7 +113,7 @@ def _label(run: C.Run, many_runs: bool, name: str) -> str:
     return f"{name} · {run.label}" if many_runs else name
 
 
-# --- kinds --------------------------------------------------------------------------------------
+# --- figures ------------------------------------------------------------------------------------
 def plot_speedup(ax, runs: Sequence[C.Run]) -> str:
     """Per-model grouped bars of each mode's speedup over eager, 95% CI whiskers, line at 1."""
     series: dict[str, dict[str, float]] = {}
@@ -324,17 +324,17 @@ def check_output(out: str | Path) -> Path:
     return out
 
 
-def make_figure(runs: Sequence[C.Run], kind: str):
-    if kind not in PLOTS:
+def make_figure(runs: Sequence[C.Run], figure: str):
+    if figure not in PLOTS:
         from fusebench.errors import unknown_name
-        raise unknown_name("plot kind", [kind], PLOTS)
+        raise unknown_name("figure", [figure], PLOTS)
     fig, ax = plt.subplots(figsize=(9, 5.2))
     try:
-        title = PLOTS[kind](ax, runs)
+        title = PLOTS[figure](ax, runs)
         shared = _shared_config(runs)
         ax.set_title(printable(f"{title}\n{shared}" if shared else title), fontsize=11)
         n_groups = len(ax.get_xticks())
-        if kind != "sweep" and n_groups > 4:
+        if figure != "sweep" and n_groups > 4:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         fig.tight_layout(rect=(0, 0.05, 1, 1))  # leave room for the footnote
         _footnote(fig, runs)
@@ -368,10 +368,10 @@ def _umask() -> int:
     return mask
 
 
-def plot_files(paths: Sequence[str | Path], kind: str, out: str | Path) -> Path:
+def plot_files(paths: Sequence[str | Path], figure: str, out: str | Path) -> Path:
     out = check_output(out)   # before loading anything: bad input fails fast
     paths = list(paths)
     runs = [C.load_run(p, lab) for p, lab in zip(paths, C.labels_for(paths))]
     with matplotlib.rc_context(PLOT_TEXT_RC):   # record text is never mathtext
-        fig = make_figure(runs, kind)
+        fig = make_figure(runs, figure)
     return save_figure(fig, out)

@@ -142,7 +142,7 @@ def print_details(console: Console, records: Iterable[Record]) -> None:
             lines.append(f"  [red]mismatch[/]: {escape(r.correctness.detail)}")
         evs = sorted(r.events, key=lambda e: -e.count)
         for e in evs[:TOP_EVENTS]:
-            lines.append(escape(f"  {e.kind} ({e.source}) x{e.count}: {e.message}"))
+            lines.append(escape(f"  {e.category} ({e.source}) x{e.count}: {e.message}"))
         if len(evs) > TOP_EVENTS:
             lines.append(f"  ... {len(evs) - TOP_EVENTS} more event kinds in the results file")
         if r.extra.get("repro"):

@@ -129,7 +129,7 @@ def busy_of(r: Record) -> str | None:
     busy = _busy(r.extra.get("contention"))
     if busy:
         return busy
-    event = next((e for e in r.events if e.kind == "contention"), None)
+    event = next((e for e in r.events if e.category == "contention"), None)
     return f"machine busy ({event.message})" if event else None
 
 
@@ -207,7 +207,7 @@ class GeoRow:
 @dataclass
 class Comparison:
     metric: Metric
-    kind: str                                     # "modes" | "runs"
+    axis: str                                     # what is compared: "modes" | "runs"
     baseline: str                                 # mode name or file label
     rows: list[Row] = field(default_factory=list)
     geomean: list[GeoRow] = field(default_factory=list)

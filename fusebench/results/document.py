@@ -384,13 +384,19 @@ def _spec_exact(s: dict[str, Any]) -> CellSpec:
     return _new(CellSpec, s)
 
 
+def _event_fields(x: dict[str, Any]) -> dict[str, Any]:
+    if "kind" in x:     # the earlier name of `category` (Event.from_dict)
+        x["category"] = x.pop("kind")
+    return x
+
+
 def record_exact(d: dict[str, Any]) -> Record:
     """Record.from_dict for a record dict of a document schema.parse_exact accepted; the dict
     and its parts are taken over (they become the dataclasses' fields)."""
     st, c, e = d.get("step_ms"), d.get("correctness"), d.get("error")
     d["spec"] = _spec_exact(d["spec"])
     d["step_ms"] = _new(StepStats, st) if st is not None else None
-    d["events"] = tuple(_new(Event, x) for x in d.get("events", ()))
+    d["events"] = tuple(_new(Event, _event_fields(x)) for x in d.get("events", ()))
     d["correctness"] = _new(Correctness, c) if c is not None else None
     d["error"] = _new(ErrorInfo, e) if e else None
     d["extra"] = d.get("extra") or {}

@@ -133,8 +133,15 @@ class StepStatsT(TypedDict):
     process_medians: NotRequired[Samples]           # and each one's median (ms)
 
 
+def _named_event(e: dict[str, Any]) -> dict[str, Any]:
+    if ("category" in e) == ("kind" in e):
+        raise ValueError("an event has a category (or the earlier `kind`), and only one")
+    return e
+
+
 class EventT(TypedDict):
-    kind: Text
+    category: NotRequired[Text]        # warning, graph_break, ... (Event.from_dict also reads
+    kind: NotRequired[Text]            # the earlier name `kind`)
     source: Text
     message: Text
     count: NotRequired[Count]
@@ -163,7 +170,7 @@ class _Measured(TypedDict):
     compile_s: NotRequired[Optional[NonNeg]]
     peak_mem_bytes: NotRequired[Optional[Count]]
     activation_bytes: NotRequired[Optional[Count]]
-    events: NotRequired[list[EventT]]
+    events: NotRequired[list[Annotated[EventT, AfterValidator(_named_event)]]]
     correctness: NotRequired[Optional[CorrectnessT]]
     error: NotRequired[Optional[ErrorT]]
 

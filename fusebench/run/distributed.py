@@ -170,7 +170,7 @@ def _merge_events(recs: dict[int, Record]) -> tuple[Event, ...]:
     merged: dict[tuple[str, str, str], int] = {}
     for r in sorted(recs):
         for e in recs[r].events:
-            key = (e.kind, e.source, e.message)
+            key = (e.category, e.source, e.message)
             merged[key] = max(merged.get(key, 0), e.count)
     return tuple(Event(k, s, m, c) for (k, s, m), c in merged.items())
 

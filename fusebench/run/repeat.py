@@ -113,8 +113,8 @@ def _events(records: list[Record], stats: StepStats, worst: Any) -> tuple[Event,
     if worst is not None and contention.is_contended(worst):
         seen[("contention",)] = Event("contention", "fusebench", contention.describe(worst))
     for r in records:
-        for e in (e for e in r.events if e.kind not in _PER_PROCESS):
-            k = (e.kind, e.source, e.message)
+        for e in (e for e in r.events if e.category not in _PER_PROCESS):
+            k = (e.category, e.source, e.message)
             if k not in seen or e.count > seen[k].count:
                 seen[k] = e
     return tuple(seen.values())

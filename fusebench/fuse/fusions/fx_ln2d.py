@@ -114,29 +114,29 @@ def _variance(s, x, u) -> bool:
 
 
 def _inv_std(n, s_ok):
-    """eps of `sqrt(s + eps)` (kind 'sqrt') or `rsqrt(s + eps)` (kind 'rsqrt')."""
-    kind = N.op(n)
-    if kind not in ("sqrt", "rsqrt"):
+    """eps of `sqrt(s + eps)` (op 'sqrt') or `rsqrt(s + eps)` (op 'rsqrt')."""
+    op = N.op(n)
+    if op not in ("sqrt", "rsqrt"):
         return None
     for s, eps in _pair(N.x_of(n), "add"):
         if N.number(eps) is not None and s_ok(s):
-            return kind, N.number(eps)
+            return op, N.number(eps)
     return None
 
 
 def _normalized(n):
     """(x, eps, nodes) when n = (x - mean_c(x)) / std, in any spelling above."""
-    kind = N.op(n)
-    if kind not in ("div", "mul"):
+    op = N.op(n)
+    if op not in ("div", "mul"):
         return None
-    for d, inv in ([N.operands(n)] if kind == "div" else _pair(n, "mul")):
+    for d, inv in ([N.operands(n)] if op == "div" else _pair(n, "mul")):
         if N.op(d) != "sub":
             continue
         x, u = N.operands(d)
         if not (N.is_channel_mean(u) and N.x_of(u) is x):
             continue
         got = _inv_std(inv, lambda s: _variance(s, x, u))
-        if got and got[0] == ("sqrt" if kind == "div" else "rsqrt"):
+        if got and got[0] == ("sqrt" if op == "div" else "rsqrt"):
             return x, got[1], (d, inv)
     return None
 

@@ -101,35 +101,35 @@ def mlp_site(ba: BiasAct, fc: str) -> Site:
 
 
 def _fc(n):
-    """(kind, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
-    kind, m = N.op(n), N.module(n)
-    if kind not in FC:
+    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
+    op, m = N.op(n), N.module(n)
+    if op not in FC:
         return None
     if m is not None:
-        if kind == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
+        if op == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
                                  or m.padding not in ((0, 0), "valid")
                                  or m.padding_mode != "zeros"):
             return "conv is not 1x1 / stride 1 / groups 1 / no padding"
         if type(m) not in (nn.Linear, nn.Conv2d):
             return None
-        return kind, N.x_of(n), f"{n.target}.weight", \
+        return op, N.x_of(n), f"{n.target}.weight", \
             (f"{n.target}.bias" if m.bias is not None else None)
-    if kind != "linear":
+    if op != "linear":
         return "functional conv2d (only nn.Conv2d modules are matched)"
     w, b = N.attr_path(N.arg(n, 1, "weight")), N.arg(n, 2, "bias")
     if w is None or (b is not None and N.last_param(b) is None):
         return "weight / bias are not module parameters"
-    return kind, N.x_of(n), w, (N.last_param(b) if b is not None else None)
+    return op, N.x_of(n), w, (N.last_param(b) if b is not None else None)
 
 
-def _gamma(fc2, kind: str, scope):
+def _gamma(fc2, op: str, scope):
     """(mul node, gamma path) when fc2's only use is a layer-scale multiply."""
     u = N.single_user(fc2)
     if u is None or N.op(u) != "mul":
         return None, None
     a, b = N.operands(u) or (None, None)
     other = b if a is fc2 else a
-    path = N.last_param(other) if kind == "linear" else N.channel_param(other)
+    path = N.last_param(other) if op == "linear" else N.channel_param(other)
     return (u, path) if path else (None, None)
 
 
@@ -151,11 +151,11 @@ def mlp(n, scope):
     fc1_node = N.x_of(act_node)
     if len(fc1_node.users) != 1 or len(act_node.users) != 1:
         return Miss("mlp", "an intermediate output is used elsewhere too")
-    kind = fc1[0]
-    mul, gamma = _gamma(n, kind, scope)
+    op = fc1[0]
+    mul, gamma = _gamma(n, op, scope)
     bias_gelu = scope.ctx.act("bias_gelu") if act[0] == "gelu" and fc1[3] else None
-    ba = BiasAct(pure_act(*act, scope.ctx), bias_gelu, act[1], FC[kind][2])
+    ba = BiasAct(pure_act(*act, scope.ctx), bias_gelu, act[1], FC[op][2])
     args = (fc1[1], Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
-    return Hit("mlp", mul or n, mlp_site(ba, kind), args,
+    return Hit("mlp", mul or n, mlp_site(ba, op), args,
                (act_node, fc1_node, *([n] if mul else [])))

@@ -51,13 +51,13 @@ def se_site(gate: Pure, act: Pure) -> Site:
 
 def _squeezed(n, x):
     """True when n is the global average of x: (N, C, 1, 1) for convs, (N, C) for Linear."""
-    kind = N.op(n)
-    if kind == "adaptive_avg_pool2d":
+    op = N.op(n)
+    if op == "adaptive_avg_pool2d":
         size = N.module(n).output_size if N.module(n) is not None else N.arg(n, 1, "output_size")
         return N.x_of(n) is x and size in (1, (1, 1), [1, 1])
-    if kind == "mean":
+    if op == "mean":
         return N.x_of(n) is x and N.is_spatial_mean(n, N.mean_dims(n)[1])
-    if kind in ("flatten", "view", "reshape", "squeeze"):
+    if op in ("flatten", "view", "reshape", "squeeze"):
         return _squeezed(N.x_of(n), x)
     return False
 

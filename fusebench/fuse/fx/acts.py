@@ -18,17 +18,17 @@ APPROXIMATE = ("none", "tanh")          # what F.gelu and the bias_gelu kernels 
 def activation(n: fx.Node) -> tuple[str, str] | str | None:
     """('silu'|'relu'|'gelu', gelu approximate) for an activation node, a reason string for an
     activation no kernel here computes, None for anything else."""
-    kind = N.op(n)
-    if kind in ("relu6", "hardswish", "hardsigmoid"):
-        return f"activation {kind}: no fused kernel computes it"
-    if kind not in N.ACTS:
+    op = N.op(n)
+    if op in ("relu6", "hardswish", "hardsigmoid"):
+        return f"activation {op}: no fused kernel computes it"
+    if op not in N.ACTS:
         return None
     m = N.module(n)
-    approx = (m.approximate if m is not None and kind == "gelu"
-              else N.arg(n, 1, "approximate", "none") if kind == "gelu" else "none")
+    approx = (m.approximate if m is not None and op == "gelu"
+              else N.arg(n, 1, "approximate", "none") if op == "gelu" else "none")
     if approx not in APPROXIMATE:
         return f"gelu approximate={approx!r}: not what the kernels compute"
-    return kind, approx
+    return op, approx
 
 
 @functools.cache
@@ -42,8 +42,8 @@ def _gelu(approximate: str) -> Pure:
                 lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate=approximate))
 
 
-def pure_act(kind: str, approximate: str, ctx) -> Pure:
+def pure_act(op: str, approximate: str, ctx) -> Pure:
     """fwd(x) -> y, bwd(dy, x) -> dx for the activation."""
-    if kind == "silu":
+    if op == "silu":
         return ctx.act("silu")
-    return _relu() if kind == "relu" else _gelu(approximate)
+    return _relu() if op == "relu" else _gelu(approximate)
