@@ -151,6 +151,20 @@ def run(**params: Any) -> None:
     raise typer.Exit(code)
 
 
+def _left_out(req: RunRequest, specs: list) -> list[str]:
+    """`-m all` runs what this device can run: the outline names the modes it left out."""
+    from fusebench.modes import MODES
+    from fusebench.run.plan import all_modes
+    if req.modes.strip() != "all" or not specs:
+        return []
+    device = specs[0].device
+    left = all_modes(device)[1]
+    if not left:
+        return []
+    why = ", ".join(f"{m} (runs on {'/'.join(MODES[m].device_types)})" for m in left)
+    return [f"  not in 'all' on {device}: {why}; -m NAME runs it anyway (unavailable, with why)"]
+
+
 def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[dict]]:
     """The planned cells with their CPU batch fitted to the budget where the run picks it (and
     per cell the record's `batch_choice`), after printing the run's outline: what it will do
@@ -166,7 +180,7 @@ def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[di
         specs, picks = autobatch.fit_batches(specs, budget, on_probe=lambda s: err.print(
             f"fitting the CPU batch to the budget: eager probe of {outline.short(s.model.name)}"
             f" at batch {autobatch.PROBE_BATCH}..."))
-    for line in outline.describe(specs, picks, repeat):
+    for line in outline.describe(specs, picks, repeat) + _left_out(req, specs):
         err.print(line)
     return specs, [{"batch_choice": c.to_dict()} for c in picks] or [{} for _ in specs]
 

@@ -19,10 +19,16 @@ class Mode:
     # data-parallel wrappers (ddp, fsdp1, fsdp2) this mode cannot run under -> why not; the
     # coordinator turns such a cell into an `unavailable` record without launching it
     dist_unsupported: dict[str, str] = {}
+    # device types the mode can run on (empty: any). `-m all` leaves a mode out on other
+    # devices (and says so); naming it still gives an `unavailable` record with the reason
+    device_types: tuple[str, ...] = ()
 
     @property
     def option_defaults(self) -> dict[str, Any]:
         return {o.name: o.default for o in self.options}
+
+    def runs_on(self, device: str) -> bool:
+        return not self.device_types or device.split(":")[0] in self.device_types
 
     def available(self, options: dict[str, Any], device: str = "cpu") -> tuple[bool, str]:
         """(True, "") or (False, reason). Must be cheap and must not change global state."""

@@ -120,6 +120,7 @@ class CudaGraphs(Mode):
     )
     dist_unsupported = {s: "capturing collectives needs graph-safe NCCL setup, not done here"
                         for s in ("ddp", "fsdp1", "fsdp2")}
+    device_types = ("cuda",)
 
     def __init__(self):
         self._graphed: _Graphed | None = None

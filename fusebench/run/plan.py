@@ -79,7 +79,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
     budget = timing_budget(req)
     kwargs = parse_model_kwargs(req.model_kwargs)
     models = _check_models(parse_list(req.models, "model"), kwargs, sizes, req.timeout, device)
-    mode_names = _mode_names(req)
+    mode_names = _mode_names(req, device)
     options = _cell_options(mode_names, req.mode_options)
     benches = BENCHES if req.bench == "both" else (req.bench,)
 
@@ -163,14 +163,24 @@ def _check_settings(req: RunRequest):
     return device, dist
 
 
-def _mode_names(req: RunRequest) -> list[str]:
+def all_modes(device: str) -> tuple[list[str], list[str]]:
+    """(what `-m all` runs on `device`, the registered modes it leaves out: they run only on
+    other device types, Mode.device_types)."""
+    from fusebench.modes import MODES, list_modes
+    registered = list_modes()
+    runs = [m for m in registered if MODES[m].runs_on(device)]
+    return runs, [m for m in registered if m not in runs]
+
+
+def _mode_names(req: RunRequest, device: str) -> list[str]:
     """The requested modes, eager first; every given mode option checked against its
     declaration, whether or not its mode was picked (a typo never passes silently)."""
     from fusebench.modes import MODES, list_modes
     from fusebench.modes.options import all_options, check_option_values, check_values
 
     registered = list_modes()
-    mode_names = registered if req.modes.strip() == "all" else parse_list(req.modes, "mode")
+    mode_names = (all_modes(device)[0] if req.modes.strip() == "all"
+                  else parse_list(req.modes, "mode"))
     picked = MODES.resolve(mode_names)     # all unknown names reported at once
     check_values(all_options(MODES.resolve(registered)).values(), req.mode_options)
     for m in picked:
