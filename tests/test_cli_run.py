@@ -154,16 +154,17 @@ def test_bool_flags_render_as_flags(command):
 
 def test_option_choices_are_the_registries_keys():
     from fusebench.commands import compare, export, kernel, plot, run
-    from fusebench.dtypes import DTYPES, MODEL_DTYPES
+    from fusebench.dtypes import AMP_DTYPES, DTYPES, MODEL_DTYPES
     from fusebench.render.compare_table import TEXT_RENDERERS
     from fusebench.render.plot import PLOTS
     from fusebench.results.compare import METRICS
     from fusebench.render.export import EXPORTERS
     values = lambda enum: [m.value for m in enum]  # noqa: E731
     assert values(run.Dtype) == list(MODEL_DTYPES) and values(kernel.Dtype) == list(DTYPES)
+    assert values(run.AmpDtype) == list(AMP_DTYPES)
     assert values(compare.MetricChoice) == list(METRICS)
     assert values(compare.CompareFormat) == ["table", *TEXT_RENDERERS]
-    assert values(plot.PlotKind) == list(PLOTS) and values(export.ExportFormat) == list(EXPORTERS)
+    assert values(plot.Figure) == list(PLOTS) and values(export.ExportFormat) == list(EXPORTERS)
 
 
 @pytest.mark.parametrize("amp_dtype", ["bfloat16", "float16"])
