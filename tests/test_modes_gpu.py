@@ -101,7 +101,7 @@ def test_cudagraphs_captures_once_per_context_and_restores_buffers(eager_capture
 
 def test_all_modes_leave_out_what_cannot_run_on_the_device_and_say_so(monkeypatch):
     """`-m all` on CPU plans no cudagraphs cell (the outline names it); `-m cudagraphs` does."""
-    from fusebench.commands.run import _left_out
+    from fusebench.commands.run import left_out
     from fusebench.run.plan import RunRequest, all_modes, plan_run
     runs, left = all_modes("cpu")
     assert "cudagraphs" in left and "cudagraphs" not in runs and "eager" in runs
@@ -109,8 +109,8 @@ def test_all_modes_leave_out_what_cannot_run_on_the_device_and_say_so(monkeypatc
     req = RunRequest(models=TINY, modes="all", device="cpu", quick=True)
     specs = plan_run(req)
     assert {s.mode for s in specs} == set(runs)
-    (line,) = _left_out(req, specs)
+    (line,) = left_out(req, specs)
     assert "cudagraphs (runs on cuda)" in line and "not in 'all' on cpu" in line
     named = plan_run(RunRequest(models=TINY, modes="eager,cudagraphs", device="cpu", quick=True))
     assert [s.mode for s in named] == ["eager", "cudagraphs"]
-    assert _left_out(RunRequest(models=TINY, modes="eager", device="cpu"), named) == []
+    assert left_out(RunRequest(models=TINY, modes="eager", device="cpu"), named) == []

@@ -105,11 +105,11 @@ def test_a_cells_processes_share_one_compile_cache(monkeypatch):
         return _procs([100.0])[0]
     monkeypatch.setattr(runner, "run_one", fake_run_one)
     spec = _procs([100.0])[0].spec
-    runner._measure(spec, runner.RunOptions(repeat=3), lambda _: None)
+    runner.measure_cell(spec, runner.RunOptions(repeat=3), lambda _: None)
     assert len(seen) == 3 and seen[0] is not None and len(set(seen)) == 1
     assert not seen[0].exists()                      # removed with the cell
     seen.clear()
-    runner._measure(spec, runner.RunOptions(repeat=1), lambda _: None)
+    runner.measure_cell(spec, runner.RunOptions(repeat=1), lambda _: None)
     assert seen == [None]                            # one process: its own fresh cache
 
 

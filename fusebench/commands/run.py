@@ -151,7 +151,7 @@ def run(**params: Any) -> None:
     raise typer.Exit(code)
 
 
-def _left_out(req: RunRequest, specs: list) -> list[str]:
+def left_out(req: RunRequest, specs: list) -> list[str]:
     """`-m all` runs what this device can run: the outline names the modes it left out."""
     from fusebench.modes import MODES
     from fusebench.run.plan import all_modes
@@ -180,7 +180,7 @@ def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[di
         specs, picks = autobatch.fit_batches(specs, budget, on_probe=lambda s: err.print(
             f"fitting the CPU batch to the budget: eager probe of {outline.short(s.model.name)}"
             f" at batch {autobatch.PROBE_BATCH}..."))
-    for line in outline.describe(specs, picks, repeat) + _left_out(req, specs):
+    for line in outline.describe(specs, picks, repeat) + left_out(req, specs):
         err.print(line)
     return specs, [{"batch_choice": c.to_dict()} for c in picks] or [{} for _ in specs]
 

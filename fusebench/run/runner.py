@@ -200,7 +200,7 @@ def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
     return rec
 
 
-def _measure(spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]) -> Record:
+def measure_cell(spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]) -> Record:
     """One cell by opts.repeat processes. They share one compile cache: the first process
     compiles cold (the cell's compile_s), the others measure the same compiled code without
     paying inductor's cold compile again (minutes per process on a 2-core CPU)."""
@@ -226,7 +226,7 @@ def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptio
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
         for i, spec in enumerate(specs):
             progress.start(i, spec.label())
-            rec = _measure(spec, opts, progress.phase)
+            rec = measure_cell(spec, opts, progress.phase)
             if notes and notes[i]:
                 rec = rec.replace(extra={**rec.extra, **notes[i]})
             records.append(rec)
