@@ -25,6 +25,22 @@ def test_claimed_names_are_unique_absolute_and_exist_at_once(tmp_path, monkeypat
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in paths)
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_results_files_get_the_permissions_a_plain_open_would(tmp_path, umask):
+    """mkstemp makes 0600 files; a results file (claimed, then rewritten atomically after each
+    cell) follows the umask like any file the user writes."""
+    import os
+    from fusebench.results.document import write_atomic
+    old = os.umask(umask)
+    try:
+        path = claim_results_path(tmp_path, "tiny", "{}\n")
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+        write_atomic(path, "{\"a\": 1}\n")
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    finally:
+        os.umask(old)
+
+
 @pytest.mark.parametrize("where", ["/proc/fusebench-out", "file"])
 def test_unusable_out_is_one_usage_error(tmp_path, where):
     out = tmp_path / "a_file" if where == "file" else Path(where)

@@ -38,19 +38,45 @@ def new_document(env: dict[str, Any], records: list[Record] | None = None,
             "records": [r.to_dict() for r in records or []]}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same folder + fsync + rename: a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _umask() -> int:
+    """The process umask, read without setting it where Linux allows (os.umask(0) would
+    briefly loosen it for every other thread)."""
     try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def write_temp(folder: Path, prefix: str, text: str) -> Path:
+    """`text` in a new temp file of `folder`, on disk (fsync), with the permissions a plain
+    open() would give (mkstemp's are 0600: results are meant to be shared)."""
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Temp file in the same folder + fsync + rename: a crash never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = write_temp(path.parent, f".{path.name}.", text)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

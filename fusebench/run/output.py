@@ -13,7 +13,6 @@ import datetime as _dt
 import errno
 import os
 import secrets
-import tempfile
 from pathlib import Path
 
 from fusebench.errors import UsageError
@@ -65,16 +64,8 @@ def claim_results_path(out_dir: Path, stem: str, text: str) -> Path:
 
 
 def _write_temp(folder: Path, text: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=".claim-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    return Path(name)
+    from fusebench.results.document import write_temp
+    return write_temp(folder, ".claim-", text)
 
 
 def _why(e: OSError) -> str:
