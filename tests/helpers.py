@@ -1,5 +1,5 @@
-"""Shared test helpers: paths of the asset models and plugin modes, a tiny cell spec. Imported
-as `from tests.helpers import ...`; fixtures are in conftest.py."""
+"""Shared test helpers: paths of the asset models and plugin modes, a tiny cell spec, the
+autograd graph walk. Imported as `from tests.helpers import ...`; fixtures are in conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,3 +21,15 @@ def tiny_spec(**kw):
     base.update(kw)
     return CellSpec.for_model(base.pop("model"), base.pop("mode"), **base)
 
+
+
+def autograd_nodes(y):
+    """Every autograd node behind tensor y, once (which kernels a step really ran)."""
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        yield node
+        stack.extend(n for n, _ in node.next_functions)

@@ -20,6 +20,7 @@ from fusebench.fuse.engine import MultiOpKernel, split_groups
 from fusebench.fuse.fusions.se_gate import se_gate_kernel
 from fusebench.models.layers import ConvMlp, SqueezeExcite
 from fusebench.spec import CellSpec, Correctness, Record, StepStats
+from tests.helpers import autograd_nodes
 
 WORLD = 2
 # the SE fusion's kernel in plain torch: the bug below is about counting, not about the impl
@@ -130,14 +131,7 @@ def _recording(wrapped, graph: list[str]):
     """Call the model and record the autograd node names of the output's graph."""
     def fn(x):
         y = wrapped(x)
-        seen, stack = set(), [y.grad_fn]
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            graph.append(type(node).__name__)
-            stack.extend(n for n, _ in node.next_functions)
+        graph.extend(type(node).__name__ for node in autograd_nodes(y))
         return y
     return fn
 

@@ -21,6 +21,7 @@ from fusebench.fuse import fuse
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.modes import get_mode
+from tests.helpers import autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
@@ -52,23 +53,12 @@ ASSETS = {
 KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se["}
 
 
-def graph(y: torch.Tensor):
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(n for n, _ in node.next_functions)
-
-
 def ran(y: torch.Tensor) -> Counter:
     """Fused nodes in y's autograd graph, per pattern (a MultiOpFunction's ctx is its node).
     ln2d's cpu binding runs aten's layer_norm on channels-last x (binding.resolve_ln2d), which
     leaves no node of its own: ln2d is counted by site calls (site_calls) instead."""
     out: Counter = Counter()
-    for node in graph(y):
+    for node in autograd_nodes(y):
         name = type(node).__name__
         if name == "MultiOpFunctionBackward":
             out.update(p for p, pre in KERNEL_PREFIX.items() if node.kernel.name.startswith(pre))
@@ -195,7 +185,7 @@ def test_each_ln_over_channels_spelling_is_one_ln2d_site(cls, site_calls):
     assert not result.unfused.get("LayerNorm"), result.unfused
     y = check_step(model, ref, (image() * 3 + 2,))
     assert site_calls == {"fused_ln2d": 1}
-    assert {type(n).__name__ for n in graph(y)} & LN2D_NODES     # NCHW x: our kernel's node
+    assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES     # NCHW x: our kernel's node
 
 
 def test_events_say_what_did_not_fuse_and_where_tracing_failed():
@@ -240,7 +230,7 @@ def test_frozen_batchnorm_and_a_flipped_training_flag():
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["bn_act"] == 9
     y = check_step(model, ref, (image(),))
-    assert any(n.kernel.name.startswith("bn_eval_act[") for n in graph(y)
+    assert any(n.kernel.name.startswith("bn_eval_act[") for n in autograd_nodes(y)
                if type(n).__name__ == "MultiOpFunctionBackward")
     model.eval()
     ref.eval()

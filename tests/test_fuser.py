@@ -16,6 +16,7 @@ from fusebench.measure.events import EventLog
 from fusebench.measure.memory import SavedTensorBytes
 from fusebench.models import create_model, get_model_info, list_models
 from fusebench.modes import get_mode
+from tests.helpers import autograd_nodes
 
 
 def smallest_per_family() -> list[str]:
@@ -36,20 +37,8 @@ def build(name: str) -> nn.Module:
     return create_model(name, num_classes=10).double()
 
 
-def graph(y: torch.Tensor):
-    """Every autograd node behind y, once."""
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(n for n, _ in node.next_functions)
-
-
 def graph_nodes(y: torch.Tensor) -> set[str]:
-    return {type(node).__name__ for node in graph(y)}
+    return {type(node).__name__ for node in autograd_nodes(y)}
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)
@@ -101,7 +90,7 @@ def test_infer_fusion_folds_on_a_copy(name):
 
 def fused_kernel_names(y: torch.Tensor) -> list[str]:
     """The MultiOpKernel each MultiOpFunction node ran (a custom Function's grad_fn is its ctx)."""
-    return [n.kernel.name for n in graph(y) if type(n).__name__ == "MultiOpFunctionBackward"]
+    return [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ == "MultiOpFunctionBackward"]
 
 
 def test_bound_act_kernels_really_run(monkeypatch):
