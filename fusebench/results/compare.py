@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fusebench.results import stats
+from fusebench.results import items as _items, stats
 from fusebench.results.env import env_differences
 from fusebench.errors import UsageError
 from fusebench.results.document import load_records
+from fusebench.results.items import Item
 from fusebench.spec import Record
 
 
@@ -29,8 +30,11 @@ class Metric:
     unit: str
     higher_is_better: bool
     value: Callable[[Record], float | None]     # the number shown
+    # the same from a checked record dict and its samples per step (results/items.py)
+    from_dict: Callable[[dict[str, Any], int], float | None]
     # per-step *times* (ms) behind the value, for the bootstrap; None = no samples (no CI)
     samples: Callable[[Record], Sequence[float] | None] = lambda r: None
+    timed: bool = False                         # samples are the step times (step_ms.samples)
     better: str = "faster"
     worse: str = "slower"
     scale: float = 1.0                          # display: value / scale
@@ -52,24 +56,43 @@ def _throughput(r: Record) -> float | None:
     return None
 
 
+def _throughput_d(d: dict[str, Any], per_step: int) -> float | None:
+    if d.get("throughput") is not None:
+        return d["throughput"]
+    st = d.get("step_ms")
+    return per_step * 1000.0 / st["median"] if st and st["median"] > 0 else None
+
+
+def _field(*path: str) -> Callable[[dict[str, Any], int], Any]:
+    """A record dict's field at `path` (None when a level is absent or null)."""
+    def get(d: dict[str, Any], per_step: int) -> Any:
+        for k in path:
+            d = d.get(k) if d else None
+        return d
+    return get
+
+
 METRICS: dict[str, Metric] = {
     # throughput = batch / step time, so its ratio and CI come from the step-time samples
     "throughput": Metric("throughput", "throughput", "samples/s", True, _throughput,
-                         _step_samples, fmt="{:.1f}"),
+                         _throughput_d, _step_samples, timed=True, fmt="{:.1f}"),
     "step_ms": Metric("step_ms", "step (median)", "ms", False,
-                      lambda r: r.step_ms.median if r.step_ms else None, _step_samples,
-                      fmt="{:.3f}"),
+                      lambda r: r.step_ms.median if r.step_ms else None,
+                      _field("step_ms", "median"), _step_samples, timed=True, fmt="{:.3f}"),
     "peak_mem": Metric("peak_mem", "peak memory", "MiB", False, lambda r: r.peak_mem_bytes,
-                       better="less memory", worse="more memory", scale=2 ** 20, fmt="{:.1f}"),
+                       _field("peak_mem_bytes"), better="less memory", worse="more memory",
+                       scale=2 ** 20, fmt="{:.1f}"),
     "activation": Metric("activation", "activation memory", "MiB", False,
-                         lambda r: r.activation_bytes, better="less memory",
-                         worse="more memory", scale=2 ** 20, fmt="{:.1f}"),
+                         lambda r: r.activation_bytes, _field("activation_bytes"),
+                         better="less memory", worse="more memory", scale=2 ** 20,
+                         fmt="{:.1f}"),
     # NVML energy over the timed steps per sample (per step for kernel cells); GPU cells only
     "energy": Metric("energy", "energy per sample", "mJ", False,
-                     lambda r: r.extra.get("energy_per_sample_j"), better="less energy",
+                     lambda r: r.extra.get("energy_per_sample_j"),
+                     _field("extra", "energy_per_sample_j"), better="less energy",
                      worse="more energy", scale=1e-3, fmt="{:.3f}"),
     "compile_s": Metric("compile_s", "compile + first call", "s", False, lambda r: r.compile_s,
-                        better="faster", worse="slower", fmt="{:.2f}"),
+                        _field("compile_s"), better="faster", worse="slower", fmt="{:.2f}"),
 }
 
 
@@ -114,36 +137,19 @@ def speedups(records: Sequence[Record], baseline: str = "eager") -> dict[int, fl
 
 
 # --- noise: a ratio is only as good as its noisier side -----------------------------------------
+def _events(r: Record):
+    return ((e.category, e.message) for e in r.events)
+
+
 def noise_of(r: Record) -> str | None:
     """Why this record's timing cannot be trusted, or None: a wide IQR or a busy machine
     (record.extra["contention"] judged by measure.contention, or a 'contention' event)."""
-    from fusebench.measure.noise import noisy_fraction
-    frac = noisy_fraction(r.step_ms)
-    if frac is not None:
-        return f"IQR/median {frac:.0%}"
-    return busy_of(r)
+    return _items.noise(r.step_ms, r.extra.get("contention"), _events(r))
 
 
 def busy_of(r: Record) -> str | None:
     """Why this record was timed on a busy machine (its contention fields or event), or None."""
-    busy = _busy(r.extra.get("contention"))
-    if busy:
-        return busy
-    event = next((e for e in r.events if e.category == "contention"), None)
-    return f"machine busy ({event.message})" if event else None
-
-
-def _busy(fields: Any) -> str | None:
-    from fusebench.measure import contention
-    try:
-        if not isinstance(fields, dict) or not contention.is_contended(fields):
-            return None
-        gpu = "; others on the GPU" if contention.gpu_shared(fields.get("gpu_processes")) else ""
-        return (f"machine busy: other processes {fields['others_frac']:.0%} of "
-                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}"
-                + gpu)
-    except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
-        return None
+    return _items.busy(r.extra.get("contention"), _events(r))
 
 
 def ratio_noise(base: Record, cand: Record,
@@ -220,21 +226,20 @@ class Comparison:
         return [r for r in self.rows if r.regression]
 
 
-def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ratio | None]:
+def _ratios(metric: Metric, pairs: list[tuple[Item, Item]]) -> list[stats.Ratio | None]:
     """The ratio of each (base, cand); the bootstrap CIs of a whole table in one batch."""
     out: list[stats.Ratio | None] = [None] * len(pairs)
     boot = []
     for i, (base, cand) in enumerate(pairs):
-        bs, cs = metric.samples(base), metric.samples(cand)
-        gb, gc = _process_groups(base), _process_groups(cand)
-        if bs and cs and max(len(gb), len(gc)) > 1:
+        bs, cs = base.samples, cand.samples
+        if bs and cs and max(len(base.groups), len(cand.groups)) > 1:
             # --repeat: resample processes, then steps; the floor is their own spread
-            out[i] = stats.speedup_ci_processes(gb, gc)
+            out[i] = stats.speedup_ci_processes(base.groups, cand.groups)
             continue
         if bs and cs:   # samples are times: the gain is a speedup whichever way the metric reads
             boot.append((i, bs, cs))
             continue
-        bv, cv = metric.value(base), metric.value(cand)
+        bv, cv = base.value, cand.value
         if bv is not None and cv is not None and bv > 0 and cv > 0:
             out[i] = stats.gain_from_values(bv, cv, metric.higher_is_better)
     for (i, _, _), r in zip(boot, stats.speedup_cis([(b, c) for _, b, c in boot])):
@@ -242,37 +247,31 @@ def _ratios(metric: Metric, pairs: list[tuple[Record, Record]]) -> list[stats.Ra
     return out
 
 
-def _process_groups(r: Record) -> list[tuple[float, ...]]:
-    """Step samples of each worker process of r (one group without --repeat)."""
-    return r.step_ms.process_groups() if r.step_ms and r.step_ms.samples else []
-
-
-def _single_process_warning(metric: Metric, pending) -> str | None:
+def _single_process_warning(pending) -> str | None:
     """Across runs, a CI from one process per side sees only within-process noise, and whole
     processes drift 20-75% on a shared machine (issue 13.4): say so once."""
-    single = sum(1 for _, b, c in pending if metric.samples(c)
-                 and max(len(_process_groups(b)), len(_process_groups(c))) < 2)
+    single = sum(1 for _, b, c in pending if c.samples
+                 and max(len(b.groups), len(c.groups)) < 2)
     if not single:
         return None
     return (f"{single} comparison(s) rest on one worker process per side: their intervals "
             f"cannot see run-to-run drift; rerun with --repeat 3 or more")
 
 
-def _row(metric: Metric, r: Record, run: str, group: int) -> Row:
+def _row(metric: Metric, r: Item, run: str, group: int) -> Row:
     ok = r.status == "ok"
-    v = metric.value(r) if ok else None
-    iqr = r.step_ms.iqr if (ok and metric.name == "step_ms" and r.step_ms) else None
-    return Row(model=r.spec.subject, config=r.spec.config_label(), variant=r.spec.variant(),
-               run=run, status=r.status, value=v, iqr=iqr, group=group)
+    iqr = r.iqr if ok and metric.name == "step_ms" else None
+    return Row(r.subject, r.config, r.variant, run, r.status, r.value if ok else None, iqr,
+               group=group)
 
 
-def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float | None,
+def _judge(row: Row, base: Item, cand: Item, fail_pct: float | None,
            failure_regresses: bool = False) -> bool:
     """Fill row.verdict/regression for a failed side; True: both ran, the ratio is pending
     (_judge_ratios fills it, for the whole table at once)."""
     if base.status != "ok":
         row.verdict = f"baseline {base.status}"
-        return
+        return False
     if cand.status != "ok":
         row.verdict = cand.status
         # across runs, a cell that worked in the baseline and fails now is the worst
@@ -283,10 +282,15 @@ def _judge(metric: Metric, row: Row, base: Record, cand: Record, fail_pct: float
     return True
 
 
-def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
+def _item_noise(base: Item, cand: Item) -> str | None:
+    """ratio_noise of two Items: 'eager IQR/median 23%' for each noisy side, or None."""
+    sides = (base,) if base is cand else (base, cand)
+    return "; ".join(f"{r.variant} {r.noise}" for r in sides if r.noise) or None
+
+
+def _judge_ratios(metric: Metric, pending: list[tuple[Row, Item, Item]],
                   fail_pct: float | None) -> None:
     """Fill row.ratio/verdict/regression for every (row, base, cand) whose sides both ran."""
-    noise: dict[int, str | None] = {}   # each record's noise once: a baseline serves many rows
     for (row, base, cand), ratio in zip(pending,
                                         _ratios(metric, [(b, c) for _, b, c in pending])):
         row.ratio = ratio
@@ -294,8 +298,8 @@ def _judge_ratios(metric: Metric, pending: list[tuple[Row, Record, Record]],
             row.verdict = f"no {metric.label}"
             continue
         row.verdict = stats.describe(ratio, metric.better, metric.worse)
-        if metric.samples(cand):
-            row.noise = ratio_noise(base, cand, noise)
+        if cand.samples:
+            row.noise = _item_noise(base, cand)
         if fail_pct is not None:
             worse = ratio.gain < 1.0 and ratio.significant
             row.regression = worse and stats.loss_pct(ratio) > fail_pct
@@ -323,24 +327,36 @@ def _geomeans(metric: Metric, rows: list[Row], label_of: Callable[[Row], str]) -
 def compare_modes(records: list[Record], metric: Metric, baseline: str | None = None,
                   fail_pct: float | None = None) -> Comparison:
     """One run: every variant of each cell vs the baseline variant (default: eager)."""
-    groups = group_cells(records)
-    names = {r.spec.variant() for r in records}
-    base = baseline or ("eager" if "eager" in names else _first_variant(records))
+    return compare_items(_items_of(records, metric), metric, baseline, fail_pct)
+
+
+def _items_of(records: Sequence[Record], metric: Metric) -> list[Item]:
+    return [_items.from_record(r, metric) for r in records]
+
+
+def compare_items(items: list[Item], metric: Metric, baseline: str | None = None,
+                  fail_pct: float | None = None) -> Comparison:
+    """compare_modes of records read as Items (results/items.py)."""
+    groups: dict[tuple, list[Item]] = {}
+    for r in items:
+        groups.setdefault(r.key, []).append(r)
+    names = {r.variant for r in items}
+    base = baseline or ("eager" if "eager" in names else _first_variant(items))
     if baseline and baseline not in names:
         from fusebench.errors import unknown_name
         raise unknown_name("baseline mode", [baseline], names)
     cmp = Comparison(metric, "modes", base)
     pending = []
     for gi, recs in enumerate(groups.values()):
-        ref = next((r for r in recs if r.spec.variant() == base), None)
+        ref = next((r for r in recs if r.variant == base), None)
         # baseline first, then the others in file order
-        for r in sorted(recs, key=lambda r: r is not ref):
+        for r in ([ref] + [x for x in recs if x is not ref]) if ref is not None else recs:
             row = _row(metric, r, "", gi)
             if r is ref:
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"no {base} in this cell"
-            elif _judge(metric, row, ref, r, fail_pct):
+            elif _judge(row, ref, r, fail_pct):
                 pending.append((row, ref, r))
             cmp.rows.append(row)
     _judge_ratios(metric, pending, fail_pct)
@@ -350,10 +366,10 @@ def compare_modes(records: list[Record], metric: Metric, baseline: str | None = 
     return cmp
 
 
-def _first_variant(records: list[Record]) -> str:
-    if not records:
+def _first_variant(items: list[Item]) -> str:
+    if not items:
         raise UsageError("no records to compare")
-    return records[0].spec.variant()
+    return items[0].variant
 
 
 @dataclass
@@ -363,13 +379,26 @@ class Run:
     records: list[Record]
 
 
-def _name(r: Record) -> str:
-    return f"{r.spec.subject} {r.spec.config_label()} {r.spec.variant()}"
+def _name(r: Item) -> str:
+    return f"{r.subject} {r.config} {r.variant}"
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
     doc, records = load_records(path)   # type-checked, every record parsed once
     return Run(label or Path(path).name, doc.get("env") or {}, records)
+
+
+def load_items(path: str | Path, metric: Metric) -> tuple[dict[str, Any], list[Item]]:
+    """The document's metadata (everything but its records) and its records as Items. A
+    current-layout file is read straight from its checked dicts (results/items.py), dropped
+    as they are read; any other goes through its Records."""
+    from fusebench.results.document import load_exact
+    doc = load_exact(path)
+    if doc is None:
+        doc, records = load_records(path)
+        return doc, _items_of(records, metric)
+    dicts = doc.pop("records")
+    return doc, _items.from_dicts(dicts, metric)
 
 
 def labels_for(paths: Sequence[str | Path]) -> list[str]:
@@ -389,18 +418,18 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
         if diffs:
             cmp.warnings.append(f"environments differ ({base.label} vs {other.label}): "
                                 + "; ".join(diffs))
-    index: list[dict[tuple, Record]] = []
+    index: list[dict[tuple, Item]] = []
     for run in runs:
-        idx: dict[tuple, Record] = {}
-        for r in run.records:
-            k = (r.spec.cell_key(), r.spec.variant())
+        idx: dict[tuple, Item] = {}
+        for r in _items_of(run.records, metric):
+            k = (r.key, r.variant)
             if k in idx:
                 cmp.warnings.append(f"{run.label}: duplicate cell {_name(r)}; using the last one")
             idx[k] = r
         index.append(idx)
     keys = list(dict.fromkeys(k for idx in index for k in idx))  # first-seen order
     if keys and not any(sum(k in idx for idx in index) > 1 for k in keys):
-        cmp.nothing_matched = _no_match(runs)   # one line, not a warning per cell
+        cmp.nothing_matched = _no_match(runs, index)   # one line, not a warning per cell
         return cmp
     gi = 0
     pending = []
@@ -417,26 +446,25 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
                 row.baseline, row.verdict = True, "baseline"
             elif ref is None:
                 row.verdict = f"not in {base.label}"
-            elif _judge(metric, row, ref, r, fail_pct, failure_regresses=True):
+            elif _judge(row, ref, r, fail_pct, failure_regresses=True):
                 pending.append((row, ref, r))
             cmp.rows.append(row)
         gi += 1
     _judge_ratios(metric, pending, fail_pct)
-    if (why := _single_process_warning(metric, pending)):
+    if (why := _single_process_warning(pending)):
         cmp.notes.append(why)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
 
 
-def _no_match(runs: list[Run]) -> str:
+def _no_match(runs: list[Run], index: list[dict[tuple, Item]]) -> str:
     """'no cell is in two files: a.json has convnext_tiny train b8 224 (+1 more); ...'"""
-    def cells(run: Run) -> str:
-        names = list(dict.fromkeys(f"{r.spec.subject} {r.spec.config_label()}"
-                                   for r in run.records))
+    def cells(run: Run, idx: dict[tuple, Item]) -> str:
+        names = list(dict.fromkeys(f"{r.subject} {r.config}" for r in idx.values()))
         more = f" (+{len(names) - 2} more)" if len(names) > 2 else ""
         return f"{run.label} has {', '.join(names[:2]) or 'no records'}{more}"
     return ("nothing to compare: no cell (model, config, mode) is in two of the files; "
-            + "; ".join(cells(run) for run in runs))
+            + "; ".join(cells(run, idx) for run, idx in zip(runs, index)))
 
 
 def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
@@ -452,9 +480,9 @@ def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
     if not paths:
         raise UsageError("compare needs at least one results file")
     if len(paths) == 1:
-        run = load_run(paths[0])
-        cmp = compare_modes(run.records, m, baseline, fail_pct)
-        cmp.env_summary = env_summary(run.env)
+        doc, items = load_items(paths[0], m)
+        cmp = compare_items(items, m, baseline, fail_pct)
+        cmp.env_summary = env_summary(doc.get("env") or {})
         return cmp
     if baseline is not None:
         resolved = [Path(p).resolve() for p in paths]

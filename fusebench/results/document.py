@@ -321,6 +321,12 @@ def load_checked(path: str | Path) -> tuple[dict[str, Any], bool]:
     return load(path, parse=False), False
 
 
+def load_exact(path: str | Path) -> dict[str, Any] | None:
+    """The document, parsed and checked in one pass, when it is exact (schema.parse_exact);
+    None otherwise (the caller then takes load or load_records, which word any error)."""
+    return _exact(_read_bytes(path))
+
+
 def load_records(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
     """The document's metadata (env, created, ...: everything but its records), checked, and
     its records, each parsed once. On the fast path each record dict becomes its Record in
