@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from fusebench.commands import add_command, choices, guarded
-from fusebench.render.export import EXPORTERS
+from fusebench.render.export import FILE_EXPORTERS
 
 
-ExportFormat = choices("ExportFormat", EXPORTERS)
+ExportFormat = choices("ExportFormat", FILE_EXPORTERS)
 
 
 @guarded
@@ -24,12 +24,11 @@ def export(
         "--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
 ) -> None:
     """Export records (one row each, env columns prefixed env.) as CSV or a markdown table."""
-    from fusebench.results.frame import load_results
     from fusebench.results.document import check_output_file, write_atomic
 
     if output is not None:      # before loading anything: a bad -o fails fast
         check_output_file(output, files)
-    text = EXPORTERS[fmt.value](load_results(files))
+    text = FILE_EXPORTERS[fmt.value](files)
     if output is None:
         sys.stdout.write(text)
     else:

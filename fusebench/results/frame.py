@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -119,14 +119,29 @@ def _env_columns(env: dict[str, Any]) -> dict[str, Any]:
     return cols
 
 
-def _paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+def as_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     if isinstance(paths, (str, Path)):
         return [Path(paths)]
     return [Path(p) for p in paths]
 
 
-def _file_frame(p: Path) -> pd.DataFrame:
-    """One file's rows; its env columns are constants, added once, not copied per row."""
+class FileRows(NamedTuple):
+    """One file's rows, before any DataFrame: what load_results and the CSV export share."""
+    rows: list[dict[str, Any]]      # one flat dict per record
+    columns: list[str]              # the rows' keys, in first-seen order
+    head: dict[str, Any]            # constant columns put first: file, created
+    env: dict[str, Any]             # constant env columns put last (those the rows lack)
+
+
+def _first_seen(rows: list[dict[str, Any]]) -> list[str]:
+    """Every key of the rows in first-seen order (pandas' column order for a list of dicts);
+    rows mostly share one key order, so each distinct order is merged once."""
+    orders = dict.fromkeys(tuple(r) for r in rows)
+    return list(dict.fromkeys(k for keys in orders for k in keys))
+
+
+def file_rows(p: Path) -> FileRows:
+    """One file's rows; its env columns are constants, kept once, not copied per row."""
     doc, exact = load_checked(p)     # type-checked; specs are parsed once, below
     rows = []
     for i, rec in enumerate(doc["records"]):
@@ -135,12 +150,19 @@ def _file_frame(p: Path) -> pd.DataFrame:
         except (TypeError, ValueError, KeyError) as e:   # what only the dataclasses check
             raise UsageError(f"{p}: record {i} is malformed ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:120]})") from None
+    columns = _first_seen(rows)
+    have = set(columns)
+    env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in have}
+    return FileRows(rows, columns, {"file": str(p), "created": doc.get("created")}, env)
+
+
+def _file_frame(p: Path) -> pd.DataFrame:
+    rows, _, head, env = file_rows(p)
     if not rows:
         return pd.DataFrame()
     df = pd.DataFrame(rows)
-    df.insert(0, "created", doc.get("created"))
-    df.insert(0, "file", str(p))
-    env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in df.columns}
+    df.insert(0, "created", head["created"])
+    df.insert(0, "file", head["file"])
     if env:     # a list or dict in env stays one value per row (an object column)
         df = pd.concat([df, pd.DataFrame({
             k: pd.Series([v] * len(df), dtype=object if isinstance(v, (list, dict)) else None)
@@ -148,13 +170,17 @@ def _file_frame(p: Path) -> pd.DataFrame:
     return df
 
 
+def ordered_columns(columns: Iterable[str]) -> list[str]:
+    """Record columns first, env columns last, each in first-seen order."""
+    cols = list(columns)
+    return [c for c in cols if not c.startswith("env.")] + [c for c in cols
+                                                             if c.startswith("env.")]
+
+
 def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """One row per record of every file; see the module docstring for the columns."""
-    frames = [f for f in (_file_frame(p) for p in _paths(paths)) if not f.empty]
+    frames = [f for f in (_file_frame(p) for p in as_paths(paths)) if not f.empty]
     if not frames:
         return pd.DataFrame()
     df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False)
-    # record columns first, env columns last, in first-seen order
-    cols = [c for c in df.columns if not c.startswith("env.")] + \
-           [c for c in df.columns if c.startswith("env.")]
-    return df[cols]
+    return df[ordered_columns(df.columns)]
