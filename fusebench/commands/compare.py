@@ -45,8 +45,10 @@ def compare(
     """Compare modes within one run, or the same cells across runs, with bootstrap CIs."""
     from fusebench.results.compare import compare_files
     from fusebench.render.compare_table import render_table
+    from fusebench.results.bulk import settled
 
     cmp = compare_files(files, metric.value, baseline, fail_on_regression)
+    settled(len(cmp.rows))     # rendering need not re-scan what was loaded (results/bulk.py)
     err = Console(stderr=True)
     if cmp.nothing_matched:
         err.print(f"fusebench: {escape(cmp.nothing_matched)}", highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
-from fusebench.render.escape import cell as csv_cell, markup as escape
+from fusebench.render.escape import cell as csv_cell, cells as csv_cells, markup as escape
 from rich.text import Text
 
 from fusebench.render.fit import Column, FitTable
@@ -259,10 +259,11 @@ def _dict_rows(cmp: Comparison) -> list[dict[str, Any]]:
 def render_csv(cmp: Comparison) -> str:
     rows = _dict_rows(cmp)
     buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
+    if rows:    # csv.DictWriter's text, written a column at a time (each text made safe once)
+        names = list(rows[0])
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(names)
+        w.writerows(zip(*(csv_cells([r.get(k, "") for r in rows]) for k in names)))
     return buf.getvalue()
 
 

@@ -10,6 +10,7 @@ renderer passes record text through the helper for its destination:
   markup(s)      for a rich markup string: printable + rich's escape
   PLOT_TEXT_RC   matplotlib settings under which labels are plain text (no mathtext)
   cell(v)        for CSV / markdown cells: printable + a leading `'` on formula-like text
+  cells(values)  cell() of a whole column
 """
 from __future__ import annotations
 
@@ -61,6 +62,13 @@ def cell(v: Any) -> Any:
     if len(v) > 200:            # long, unique texts (JSON of samples): not worth caching
         return _text_cell.__wrapped__(v)
     return _text_cell(v)        # names, modes, env values repeat on every row
+
+
+def cells(values: list[Any]) -> list[Any]:
+    """cell() of each value of a column of hashable values, each distinct text made safe once
+    (a column of 100,000 rows holds a few names, modes, verdicts)."""
+    safe = {v: cell(v) for v in set(values) if isinstance(v, str)}
+    return list(map(safe.get, values, values))     # a non-text value is its own default
 
 
 def _is_number(s: str) -> bool:

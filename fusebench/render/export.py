@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from fusebench.render.compare_table import markdown_table
-from fusebench.render.escape import cell as safe_cell
+from fusebench.render.escape import cell as safe_cell, cells as safe_cells
+from fusebench.results.bulk import paused_gc
 from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, file_rows, load_results, \
     ordered_columns
 
@@ -19,31 +20,37 @@ from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, file_rows, load_r
 # ensure_ascii (the default) writes every control character as \uXXXX, and the text starts
 # with [ or {, never a formula: JSON of a list or dict is already a safe cell
 _JSON = json.JSONEncoder(default=str)
+# JSONEncoder.encode builds its C encoder anew on every call (~as long as encoding a short
+# list): one C encoder with the same settings serves every cell (no circular check: the values
+# come from parsed JSON)
+_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+
+
+def _json(v: Any) -> str:
+    return "".join(_C_ENCODER(v, 0)) if _C_ENCODER else _JSON.encode(v)
+
+
+_CONTAINERS = (list, tuple, dict)
 
 
 def _cell_text(v: Any) -> Any:
     """Lists/dicts as JSON so CSV cells stay one value each; text made safe for spreadsheets."""
     if v is None or type(v) in (int, float, bool):      # the common case, first
         return v
-    if isinstance(v, (list, tuple, dict)):
-        return _JSON.encode(v)
+    if isinstance(v, _CONTAINERS):
+        return _json(v)
     return safe_cell(v)
 
 
 def _column_text(values) -> list[Any]:
-    """_cell_text of every value; each distinct string is made safe once (env columns repeat
-    one value 100,000 times, names and modes a few)."""
-    done: dict[str, Any] = {}
-    out = []
-    for v in values:
-        if type(v) is str:
-            t = done.get(v)
-            if t is None:
-                t = done[v] = safe_cell(v)
-            out.append(t)
-        else:
-            out.append(_cell_text(v))
-    return out
+    """_cell_text of every value. A column without lists or dicts maps each distinct string
+    once (env columns repeat one value 100,000 times, names and modes a few); numbers, bools
+    and None pass unchanged."""
+    kinds = set(map(type, values))
+    if not kinds <= {str, int, float, bool, type(None)}:
+        return [_cell_text(v) for v in values]
+    return safe_cells(values)
 
 
 def to_csv(df: pd.DataFrame) -> str:
@@ -99,6 +106,11 @@ def _column_strings(values: list[Any]) -> list[Any]:
 
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
     """to_csv(load_results(paths)), byte for byte, without building the DataFrame."""
+    with paused_gc():
+        return _csv_of_files(paths)
+
+
+def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
     tables = [t for t in map(file_rows, as_paths(paths)) if t.rows]
     if not tables:
         return to_csv(load_results([]))

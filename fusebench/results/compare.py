@@ -471,6 +471,13 @@ def compare_files(paths: Sequence[str | Path], metric: str = "throughput",
                   baseline: str | None = None, fail_pct: float | None = None) -> Comparison:
     """The whole compare command minus rendering. baseline: a mode (one file) or a file
     (several files; one of the given files, or an extra file to compare them against)."""
+    from fusebench.results.bulk import paused_gc
+    with paused_gc():
+        return _compare_files(paths, metric, baseline, fail_pct)
+
+
+def _compare_files(paths: Sequence[str | Path], metric: str, baseline: str | None,
+                   fail_pct: float | None) -> Comparison:
     from fusebench.results.env import env_summary
 
     m = get_metric(metric)

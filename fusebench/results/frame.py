@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from fusebench.errors import UsageError
+from fusebench.results.bulk import paused_gc
 from fusebench.results.document import load_checked
 from fusebench.spec import PARTS, CellSpec
 
@@ -142,6 +143,11 @@ def _first_seen(rows: list[dict[str, Any]]) -> list[str]:
 
 def file_rows(p: Path) -> FileRows:
     """One file's rows; its env columns are constants, kept once, not copied per row."""
+    with paused_gc():
+        return _file_rows(p)
+
+
+def _file_rows(p: Path) -> FileRows:
     doc, exact = load_checked(p)     # type-checked; specs are parsed once, below
     rows = []
     for i, rec in enumerate(doc["records"]):
@@ -179,6 +185,11 @@ def ordered_columns(columns: Iterable[str]) -> list[str]:
 
 def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """One row per record of every file; see the module docstring for the columns."""
+    with paused_gc():
+        return _load_results(paths)
+
+
+def _load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     frames = [f for f in (_file_frame(p) for p in as_paths(paths)) if not f.empty]
     if not frames:
         return pd.DataFrame()

@@ -193,27 +193,28 @@ def speedup_cis(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *,
     if n_resamples is None:
         n_resamples = N_RESAMPLES if len(pairs) <= BIG_TABLE else N_RESAMPLES_BIG
     out: list[Ratio | None] = [None] * len(pairs)
-    groups: dict[tuple[int, int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
-    for i, xs, ys in _sorted_pairs(pairs):
-        if xs.size < 2 or ys.size < 2 or (xs[0] == xs[-1] and ys[0] == ys[-1]):
-            out[i] = speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed)   # the edge cases
-        else:
-            groups.setdefault((xs.size, ys.size), []).append((i, xs, ys))
-    for items in groups.values():
-        for k in range(0, len(items), chunk):
-            part = items[k:k + chunk]
-            X, Y = np.stack([p[1] for p in part]), np.stack([p[2] for p in part])
-            res = _bca_batch(X, Y, n_resamples, seed)
+    for idx, X, Y in _sorted_groups(pairs):
+        if X.shape[1] < 2 or Y.shape[1] < 2:
+            edge = np.ones(len(idx), dtype=bool)
+        else:   # identical samples on each side: speedup_ci's point interval
+            edge = (X[:, 0] == X[:, -1]) & (Y[:, 0] == Y[:, -1])
+        for j in np.flatnonzero(edge).tolist():        # the edge cases, one by one
+            out[idx[j]] = speedup_ci(X[j], Y[j], n_resamples=n_resamples, seed=seed)
+        rest = np.flatnonzero(~edge)
+        for k in range(0, len(rest), chunk):
+            part = rest[k:k + chunk]
+            res = _bca_batch(X[part], Y[part], n_resamples, seed)
             finite = np.isfinite(res).all(axis=1).tolist()      # one call per chunk, not cell
-            for (i, xs, ys), r, ok in zip(part, res.tolist(), finite):
-                out[i] = (Ratio(*r, BootDist(xs, ys, n_resamples, seed)) if ok
-                          else speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed))
+            for j, r, ok in zip(part.tolist(), res.tolist(), finite):
+                xs, ys = X[j], Y[j]
+                out[idx[j]] = (Ratio(*r, BootDist(xs, ys, n_resamples, seed)) if ok
+                               else speedup_ci(xs, ys, n_resamples=n_resamples, seed=seed))
     return out  # type: ignore[return-value]
 
 
-def _sorted_pairs(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]):
-    """(index, sorted baseline, sorted candidate) of every pair: the pairs of equal sizes are
-    sorted as one array each side (rows of it), not one small numpy call per sample."""
+def _sorted_groups(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]):
+    """(indices, sorted baselines, sorted candidates) of the pairs of each pair of sample
+    sizes: one (cells, n) array a side, sorted along its rows, not one numpy call per sample."""
     by_size: dict[tuple[int, int], list[int]] = {}
     for i, (x, y) in enumerate(pairs):
         by_size.setdefault((len(x), len(y)), []).append(i)
@@ -222,7 +223,7 @@ def _sorted_pairs(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]):
         Y = np.array([pairs[i][1] for i in idx], dtype=float).reshape(len(idx), ny)
         X.sort(axis=1)
         Y.sort(axis=1)
-        yield from zip(idx, X, Y)
+        yield idx, X, Y
 
 
 def _bca_batch(X: np.ndarray, Y: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
