@@ -44,3 +44,13 @@ def test_geomean_of_many_cells_equals_the_cell_by_cell_sum():
     mixed = [r.dist for r in rs[:5]] + [np.full(len(rs[0].dist), 1.5)]
     expect = sum(np.log(np.asarray(d, dtype=float)) for d in mixed)
     assert stats._sum_of_logs(mixed) == pytest.approx(expect, rel=1e-12)
+
+
+def test_normal_cdf_and_inverse_match_scipy():
+    """stats' ndtr/ndtri (math + statistics, no scipy import for `compare`) are scipy's, edge
+    values included: the BCa intervals do not move."""
+    special = pytest.importorskip("scipy.special")
+    x = np.concatenate([np.linspace(-8, 8, 2001), [np.inf, -np.inf, np.nan]])
+    np.testing.assert_allclose(stats.ndtr(x), special.ndtr(x), rtol=1e-13, atol=0)
+    p = np.concatenate([np.linspace(0, 1, 2001), [-0.1, 1.1, np.nan, 1e-300]])
+    np.testing.assert_allclose(stats.ndtri(p), special.ndtri(p), rtol=1e-13, atol=1e-14)

@@ -116,9 +116,6 @@ def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
         return to_csv(load_results([]))
     columns = ordered_columns(dict.fromkeys(
         c for t in tables for c in (*t.head, *t.columns, *t.env)))
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
     cols = []
     for c in columns:
         values: list[Any] = []
@@ -126,10 +123,51 @@ def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
             const = t.head if c in t.head else t.env if c in t.env else None
             values += ([const[c]] * len(t.rows) if const is not None
                        else [r.get(c) for r in t.rows])
-        cols.append(_column_strings(values))
-    del tables
-    w.writerows(zip(*cols))
-    return buf.getvalue()
+        cols.append(values)
+    del tables      # the row dicts: the columns hold their values
+    for i, values in enumerate(cols):
+        cols[i] = _fields(_column_strings(values))
+    if len(columns) < 2:        # the csv module quotes a row of one empty field: let it
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows([columns, *zip(*cols)])
+        return buf.getvalue()
+    return ",".join(map(_quote, columns)) + "\n" + "".join(
+        f"{line}\n" for line in map(",".join, zip(*cols)))
+
+
+def _quoted_chars() -> frozenset[str]:
+    """The characters that make csv.writer (QUOTE_MINIMAL, lineterminator "\\n", as pandas
+    uses it) quote a field, asked of this Python's csv module (3.13 added "\\r")."""
+    def quoted(c: str) -> bool:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow([f"a{c}b", "x"])
+        return buf.getvalue().startswith('"')
+    return frozenset(c for c in map(chr, range(128)) if quoted(c))
+
+
+_QUOTED = _quoted_chars()
+
+
+def _quote(s: str) -> str:
+    """One text field as csv.writer writes it: in quotes (inner quotes doubled) when needed."""
+    if any(c in s for c in _QUOTED):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def _fields(values: list[Any]) -> list[str]:
+    """Each cell of a column as csv.writer writes it: None empty, a number or bool by str (a
+    float's str is its repr), text quoted when needed; each distinct text quoted once."""
+    kinds = set(map(type, values))
+    if str not in kinds:
+        return (["" if v is None else str(v) for v in values] if type(None) in kinds
+                else list(map(str, values)))
+    texts: dict[Any, str] = {v: _quote(v) for v in set(values) if type(v) is str}
+    texts[None] = ""
+    out = list(map(texts.get, values, values))
+    if kinds - {str, type(None)}:
+        out = [x if type(x) is str else str(x) for x in out]
+    return out
 
 
 EXPORTERS = {"csv": to_csv, "markdown": to_markdown}

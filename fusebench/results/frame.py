@@ -149,13 +149,14 @@ def file_rows(p: Path) -> FileRows:
 
 def _file_rows(p: Path) -> FileRows:
     doc, exact = load_checked(p)     # type-checked; specs are parsed once, below
-    rows = []
-    for i, rec in enumerate(doc["records"]):
+    rows, records = [], doc.pop("records")
+    for i, rec in enumerate(records):
         try:
             rows.append(_record_row(rec, exact))
         except (TypeError, ValueError, KeyError) as e:   # what only the dataclasses check
             raise UsageError(f"{p}: record {i} is malformed ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:120]})") from None
+        records[i] = None   # the row holds what it needs: one copy of the file in memory
     columns = _first_seen(rows)
     have = set(columns)
     env = {k: v for k, v in _env_columns(doc.get("env") or {}).items() if k not in have}
