@@ -2,6 +2,7 @@
 
     python benchmarks/compare_scale.py                 # 100,000 records (targets below)
     python benchmarks/compare_scale.py --records 20000 --keep /tmp/big.json
+    python benchmarks/compare_scale.py --keep /tmp/big.json --phases   # CPU s of each stage
 
 Generates a fusebench/2 document of N records (N/2 cells x {eager, compile}, 40 step samples
 each, like a real sweep), then runs each command in a fresh `python -m fusebench` subprocess and
@@ -96,11 +97,51 @@ def measure(argv: list[str]) -> dict[str, float | int | str]:
             "peak": peak, "rc": os.waitstatus_to_exitcode(status), "tail": tail}
 
 
+def phases(path: Path) -> None:
+    """CPU seconds of each stage of compare and export, in this process, as the CLI runs them
+    (the cyclic GC paused): where the time goes."""
+    import io
+    from rich.console import Console
+    from fusebench.render.compare_table import render_csv, render_table
+    from fusebench.render.export import csv_of_files
+    from fusebench.results import compare, items, schema
+    from fusebench.results.bulk import paused_gc
+    from fusebench.results.frame import file_rows
+
+    t = time.process_time
+    m = compare.get_metric("throughput")
+    with paused_gc():
+        raw = path.read_bytes()
+        t0 = t()
+        doc = schema.parse_exact(raw)
+        t1 = t()
+        its = items.from_dicts(doc.pop("records"), m)
+        t2 = t()
+        cmp = compare.compare_items(its, m)
+        t3 = t()
+        render_csv(cmp)
+        t4 = t()
+        render_table(cmp, Console(file=io.StringIO(), width=200))
+        t5 = t()
+        del doc, its, cmp, raw
+        t6 = t()
+        file_rows(path)
+        t7 = t()
+        csv_of_files([path])
+        t8 = t()
+    print(f"compare: parse + check {t1 - t0:.2f}, items {t2 - t1:.2f}, comparison {t3 - t2:.2f}, "
+          f"csv {t4 - t3:.2f}, table (500 rows) {t5 - t4:.2f}")
+    print(f"export: parse + rows {t7 - t6:.2f}, whole csv {t8 - t7:.2f} (csv alone "
+          f"{t8 - t7 - (t7 - t6):.2f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--keep", type=Path, help="write the generated file here and keep it")
     ap.add_argument("--only", choices=list(COMMANDS), action="append")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time each stage in this process (CPU s)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = a.keep or Path(d) / "big.json"
@@ -125,6 +166,9 @@ def main() -> int:
                   f"{m['peak']:9.0f}  <= {limit:.1f} s, <= {m_max:.0f} MiB: "
                   f"{'PASS' if passed else 'FAIL'}"
                   + (f" (exit {m['rc']}: {m['tail'].strip()})" if m["rc"] else ""))
+        if a.phases:
+            phases(path)
+        print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0 if ok else 1
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
 from fusebench.dtypes import DTYPES
+from fusebench.measure.noise import noisy_fraction
 from fusebench.spec import CellSpec, Record, _freeze
 
 
@@ -39,8 +40,7 @@ class _Spread(NamedTuple):            # what measure.noise.noisy_fraction reads 
 def noise(step: Any, contention: Any, events: Iterable[tuple[str, str]]) -> str | None:
     """Why a timing cannot be trusted, or None: a wide IQR (step: .median/.iqr), or a busy
     machine (the record's contention fields, or a contention event: (category, message))."""
-    from fusebench.measure.noise import noisy_fraction
-    frac = noisy_fraction(step)
+    frac = noisy_fraction(step) if step is not None else None
     if frac is not None:
         return f"IQR/median {frac:.0%}"
     return busy(contention, events)
@@ -48,7 +48,7 @@ def noise(step: Any, contention: Any, events: Iterable[tuple[str, str]]) -> str 
 
 def busy(contention: Any, events: Iterable[tuple[str, str]]) -> str | None:
     """Why a record was timed on a busy machine (its contention fields or event), or None."""
-    why = _busy(contention)
+    why = _busy(contention) if contention is not None else None
     if why:
         return why
     message = next((m for c, m in events if c == "contention"), None)
@@ -143,7 +143,7 @@ def from_dict(d: dict[str, Any], metric) -> Item:
     key, variant, subject, config, per_step = _identity(d["spec"])
     samples = (st.get("samples") or None) if st else None
     why = noise(_Spread(st["median"], st["iqr"]) if st else None,
-                (d.get("extra") or {}).get("contention"), _events(d))
+                (d.get("extra") or {}).get("contention"), _events(d) if d.get("events") else ())
     return Item(key, variant, subject, config, d["status"], metric.from_dict(d, per_step),
                 st["iqr"] if st else None, samples if metric.timed else None,
                 [samples] if samples else [], why)
