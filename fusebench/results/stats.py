@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import statistics
 
 import numpy as np
 
