@@ -7,6 +7,7 @@ candidates that did not fuse (or a failed trace) reported as events with a reaso
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import warnings
 from collections import Counter
@@ -45,6 +46,7 @@ ASSETS = {
     "convnext_official": (convnext_official.make, lambda: (image(),),
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
+    "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), {"bn_act": 9, "se_gate": 4}),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        {"bn_act": 9, "se_gate": 4}),
@@ -253,6 +255,7 @@ def test_parameters_are_read_at_call_time():
 
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+               "nano_gpt_new_gelu": {"mlp": 2},
                "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4}}
 
@@ -304,6 +307,43 @@ class NoBiasGeluMlp(nn.Module):        # nanoGPT with bias=False
 
     def forward(self, x):
         return self.c_proj(nn.functional.gelu(self.c_fc(x.permute(0, 2, 3, 1))))
+
+
+class SpelledActMlp(nn.Module):       # Linear -> a hand-written activation -> Linear
+    def __init__(self, c, act):
+        super().__init__()
+        self.fc1, self.fc2, self.act = nn.Linear(c, 4 * c), nn.Linear(4 * c, c), act
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x.permute(0, 2, 3, 1))))
+
+
+SPELLED = {   # written-out activation -> the fused Function's kernel name
+    "erf_gelu": (lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), "mlp[linear,gelu"),
+    "tanh_gelu_cubed": (lambda x: (1 + (0.7978845608 * (0.044715 * x * x * x + x)).tanh())
+                        * (x * 0.5), "mlp[linear,gelu"),
+    "quick_gelu": (lambda x: x * torch.sigmoid(1.702 * x), "mlp[linear,quick_gelu"),
+    "silu": (lambda x: torch.sigmoid(x) * x, "mlp[linear,"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPELLED))
+def test_hand_written_activations_are_one_mlp_site(name, site_calls):
+    act, kernel = SPELLED[name]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), SpelledActMlp(6, act)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    y = check_step(model, ref, (image(),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ ==
+             "MultiOpFunctionBackward"]
+    assert site_calls == {"fused_mlp": 1} and len(names) == 1 and names[0].startswith(kernel)
+
+
+def test_an_activation_not_computed_here_is_not_matched():
+    model = SpelledActMlp(6, lambda x: x * torch.sigmoid(2.0 * x))
+    assert not fuse(model, "train").sites
 
 
 @pytest.mark.parametrize("cls", [ConvMlpGamma, FunctionalTanhMlp, NoBiasGeluMlp])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 
@@ -138,24 +138,25 @@ def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
     fc2 = _fc(n)
     act_node = N.x_of(n) if isinstance(fc2, tuple) else None
-    act = activation(act_node) if act_node is not None else None
+    act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
-    fc1 = _fc(N.x_of(act_node))
+    fc1 = _fc(act.x) if not isinstance(act, str) else None
     if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
         return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
     if fc1 is None or N.op(fc1[1]) == "adaptive_avg_pool2d" or N.mean_dims(fc1[1]):
         return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
     if fc1[0] != fc2[0]:
         return Miss("mlp", "fc1 and fc2 are different kinds (Linear vs 1x1 conv)")
-    fc1_node = N.x_of(act_node)
-    if len(fc1_node.users) != 1 or len(act_node.users) != 1:
+    fc1_node = act.x
+    if not set(fc1_node.users) <= {act_node, *act.nodes} or len(act_node.users) != 1:
         return Miss("mlp", "an intermediate output is used elsewhere too")
     op = fc1[0]
     mul, gamma = _gamma(n, op, scope)
-    bias_gelu = scope.ctx.act("bias_gelu") if act[0] == "gelu" and fc1[3] else None
-    ba = BiasAct(pure_act(*act, scope.ctx), bias_gelu, act[1], FC[op][2])
+    bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1[3] else None
+    ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate,
+                 FC[op][2])
     args = (fc1[1], Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
     return Hit("mlp", mul or n, mlp_site(ba, op), args,
-               (act_node, fc1_node, *([n] if mul else [])))
+               (act_node, *act.nodes, fc1_node, *([n] if mul else [])))

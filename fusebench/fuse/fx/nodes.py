@@ -20,11 +20,12 @@ FUNCTIONS = {
     torch.flatten: "flatten", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
     F.layer_norm: "layer_norm", F.linear: "linear", F.conv2d: "conv2d",
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
+    torch.tanh: "tanh", torch.erf: "erf", torch.special.erf: "erf",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
     F.relu6: "relu6", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
-           "sigmoid", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
+           "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
