@@ -37,6 +37,16 @@ assert set(ORDER) == set(FUSIONS.names()), "every bundled fusion is listed in OR
 assert set(GRAPH_ORDER) == set(PATTERNS.names()), "every graph pattern is in GRAPH_ORDER once"
 
 
+def graph_order() -> list[str]:
+    """GRAPH_ORDER, with the patterns a plugin registered after it or where `before` says."""
+    order = list(GRAPH_ORDER)
+    for name in PATTERNS.names():
+        if name not in GRAPH_ORDER:
+            before = PATTERNS[name].before
+            order.insert(order.index(before) if before in order else len(order), name)
+    return order
+
+
 def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
          only: list[str] | None = None, impls: dict[str, str] | None = None) -> FuseResult:
     """Apply every fusion for `bench`, in ORDER with the graph patterns (GRAPH_ORDER) before
@@ -45,12 +55,11 @@ def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
     {"se_gate": "function"}."""
     order = [*ORDER, *(n for n in FUSIONS.names() if n not in ORDER)]
     order = [n for n in order if only is None or n in only]
-    graph = [*GRAPH_ORDER, *(n for n in PATTERNS.names() if n not in GRAPH_ORDER)]
-    graph = tuple(n for n in graph if only is None or n in only)
+    graph = tuple(n for n in graph_order() if only is None or n in only)
     at = order.index(GRAPH_BEFORE) if GRAPH_BEFORE in order else len(order)
     return fuse_in_order(model, [*order[:at], GraphPass(graph), *order[at:]], bench, device,
                          impls)
 
 
 __all__ = ["FUSIONS", "GRAPH_ORDER", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion",
-           "GraphPass", "fuse", "fuse_in_order", "register_fusion", "unfused_leaves"]
+           "GraphPass", "fuse", "graph_order", "fuse_in_order", "register_fusion", "unfused_leaves"]

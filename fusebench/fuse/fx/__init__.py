@@ -3,7 +3,8 @@
   nodes.py    what an fx node computes, whatever the spelling (function, method, module)
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
-  the patterns themselves: fusebench/fuse/fusions/fx_*.py
+  the patterns themselves: fusebench/fuse/fusions/fx_*.py; a plugin registers its own with
+  `fusebench.fuse.fx.register_pattern` (tried after the built-in ones unless `before=`)
 
 Why our own matcher rather than torch.fx's SubgraphMatcher / subgraph_rewriter: those compare a
 pattern graph literally (the same op targets, the same constant arguments, the same argument
@@ -19,7 +20,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.fuse.fx.nodes import hooked, module, op
-from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope
+from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope, Site, register_pattern
 from fusebench.fuse.fx.trace import graph_roots, install
 
 
@@ -120,4 +121,4 @@ def _apply(gm: fx.GraphModule, root: nn.Module, hit: Hit, erased: set, ctx) -> b
     return True
 
 
-__all__ = ["PATTERNS", "graph_pass"]
+__all__ = ["PATTERNS", "Attr", "Hit", "Miss", "Site", "graph_pass", "register_pattern"]
