@@ -200,8 +200,46 @@ def test_events_say_what_did_not_fuse_and_where_tracing_failed():
     assert "mlp: 2 sites" in msgs["fusion"]
     # the attention splits a traced value: its trace fails, the rest of the model still fuses
     assert any("transformer.h.0.attn" in m and "failed" in m for m in msgs["fx_fallback"])
-    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: no fused LayerNorm+Linear")
+    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: off by default")
                for m in msgs["not_fused"]), msgs["not_fused"]
+
+
+def saved_bytes(model, inputs) -> int:
+    """Bytes of the distinct tensors autograd saves in one forward (activations and params)."""
+    seen: dict = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*inputs)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("factory", [nano_gpt.make, nano_gpt.make_new_gelu],
+                         ids=["gelu", "new_gelu"])
+def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
+    """Opt-in (the fused mode's --fused-ln-linear): each pre-norm LayerNorm -> Linear runs in
+    one Function (inside the mlp site where the Linear is fc1), gradients equal float64 eager,
+    and a step saves less than the default fusion; off, each is a not_fused note."""
+    model, plain = build(factory).train(), build(factory).train()
+    ref = copy.deepcopy(model)
+    events = EventLog()
+    get_mode("fused").prepare(model, tokens(), {"bench": "train", "fused_ln_linear": True},
+                              events)
+    assert {e.message for e in events.events() if e.category == "fusion"} == {
+        "mlp: 2 sites", "ln_linear: 3 sites"}
+    fuse(plain, "train")
+    assert saved_bytes(model, tokens()) < saved_bytes(plain, tokens())
+    for _ in range(2):
+        model.zero_grad()
+        ref.zero_grad()
+        site_calls.clear()
+        y = check_step(model, ref, tokens())
+    kernels = Counter(n.kernel.name.split("[")[0] for n in autograd_nodes(y)
+                      if type(n).__name__ == "MultiOpFunctionBackward")
+    assert kernels == {"ln_linear": 3, "mlp": 2} and site_calls == {"fused_mlp": 2,
+                                                                   "fused_ln_linear": 1}
 
 
 def test_a_hooked_module_is_a_candidate_not_fused():

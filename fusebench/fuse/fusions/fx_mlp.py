@@ -14,8 +14,10 @@ import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
+from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import match_act, pure_act
+from fusebench.fuse.fx.ln_linear_kernel import ln_linear
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 
@@ -100,6 +102,24 @@ def mlp_site(ba: BiasAct, fc: str) -> Site:
     return Site("fused_mlp", run)
 
 
+def ln_mlp_site(ba: BiasAct, eps: float) -> Site:
+    """The mlp site with its fc1 fed by a LayerNorm, both in one Function (ln_linear)."""
+    kernel = mlp_kernel(ba, "linear")
+
+    def run(x, lw, lb, w1, b1, w2, b2, gamma=None):
+        h0 = ln_linear(x, eps, lw, lb, w1)       # LN(x) recomputed in backward, not saved
+        return run_ops(kernel, h0, ((b1,), (w2, b2), (gamma,)))
+    return Site("fused_mlp", run)
+
+
+def ln_prologue(fc1_node, x, scope):
+    """(ln node, (x, eps, lw, lb)) when ln_linear is asked for and a LayerNorm feeds fc1."""
+    if "ln_linear" not in scope.ctx.opt_in or scope.ctx.bench != "train":
+        return None
+    got = ln_before(fc1_node, x)
+    return (got[0], ln_args(got[1])) if isinstance(got, tuple) else None
+
+
 def _fc(n):
     """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
     op, m = N.op(n), N.module(n)
@@ -156,7 +176,12 @@ def mlp(n, scope):
     bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1[3] else None
     ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate,
                  FC[op][2])
-    args = (fc1[1], Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
+    args = (Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
-    return Hit("mlp", mul or n, mlp_site(ba, op), args,
-               (act_node, *act.nodes, fc1_node, *([n] if mul else [])))
+    nodes = (act_node, *act.nodes, fc1_node, *([n] if mul else []))
+    ln = ln_prologue(fc1_node, fc1[1], scope) if op == "linear" else None
+    if ln is not None:
+        (ln_node, (x, eps, lw, lb)) = ln
+        return Hit("mlp", mul or n, ln_mlp_site(ba, eps), (x, lw, lb, *args), (*nodes, ln_node),
+                   also=("ln_linear",))
+    return Hit("mlp", mul or n, mlp_site(ba, op), (fc1[1], *args), nodes)

@@ -47,7 +47,7 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
                     misses[(res.pattern, res.reason)].append(_where(path, node))
                 elif isinstance(res, Hit):
                     changed |= _apply(gm, m, res, erased, ctx)
-                    sites[res.pattern] += 1
+                    sites.update((res.pattern, *res.also))
                 if res is not None:
                     break
         if changed:

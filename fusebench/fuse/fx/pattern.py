@@ -32,6 +32,7 @@ class Hit:
     args: tuple = ()                      # fx Nodes, attribute paths (Attr) or constants
     nodes: tuple = ()                     # nodes the match absorbs (erased when unused)
     mutate: Callable[[], None] | None = None
+    also: tuple[str, ...] = ()            # other patterns this site includes (counted too)
 
 
 @dataclass(frozen=True)
