@@ -51,6 +51,7 @@ ASSETS = {
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        {"bn_act": 9, "se_gate": 4}),
 }
+FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
 KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se["}
 
@@ -62,7 +63,7 @@ def ran(y: torch.Tensor) -> Counter:
     out: Counter = Counter()
     for node in autograd_nodes(y):
         name = type(node).__name__
-        if name == "MultiOpFunctionBackward":
+        if name in FUSED_NODES:
             out.update(p for p, pre in KERNEL_PREFIX.items() if node.kernel.name.startswith(pre))
         out["dwconv"] += name == "DwConvCpuFunctionBackward"
     return +out
@@ -237,9 +238,44 @@ def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
         site_calls.clear()
         y = check_step(model, ref, tokens())
     kernels = Counter(n.kernel.name.split("[")[0] for n in autograd_nodes(y)
-                      if type(n).__name__ == "MultiOpFunctionBackward")
+                      if type(n).__name__ in FUSED_NODES)
     assert kernels == {"ln_linear": 3, "mlp": 2} and site_calls == {"fused_mlp": 2,
                                                                    "fused_ln_linear": 1}
+    residual = [n for n in autograd_nodes(y) if type(n).__name__ == "ResidualOpFunctionBackward"]
+    assert len(residual) == 2                     # each block's `x + mlp(...)` add is folded
+
+
+class ResidualMlp(nn.Module):          # x + dropout(fc2(gelu(fc1(x)))), a GPT block's second half
+    def __init__(self, c, p=0.0):
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(c, 4 * c), nn.Linear(4 * c, c), nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+@pytest.mark.parametrize("p, layout, folded", [(0.0, "contiguous", True),
+                                               (0.1, "contiguous", False),
+                                               (0.0, "transposed", False)])
+def test_the_residual_add_folds_into_the_mlp_site(p, layout, folded, site_calls):
+    """The add after an MLP runs inside its Function (res + fc2 bias as the GEMM accumulator)
+    where nothing sits between them but an identity dropout and res has the output's layout;
+    a dropout with p > 0 keeps aten's add, a transposed res takes it at run time."""
+    torch.manual_seed(0)
+    model = ResidualMlp(6, p).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    x = torch.randn(5, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x = x.transpose(0, 1) if layout == "transposed" else x
+    torch.manual_seed(2)                          # the same dropout masks in both
+    y = model(x)
+    torch.manual_seed(2)
+    torch.testing.assert_close(y, ref(x), atol=1e-9, rtol=1e-9)
+    torch.manual_seed(2)
+    check_step(model, ref, (x,)) if p == 0 else None
+    kinds = {type(n).__name__ for n in autograd_nodes(y)}
+    assert ("ResidualOpFunctionBackward" in kinds) == folded
+    assert ("AddBackward0" in kinds) == (not folded)
 
 
 def test_a_hooked_module_is_a_candidate_not_fused():
@@ -374,8 +410,7 @@ def test_hand_written_activations_are_one_mlp_site(name, site_calls):
     result = fuse(model, "train")
     assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
     y = check_step(model, ref, (image(),))
-    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ ==
-             "MultiOpFunctionBackward"]
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
     assert site_calls == {"fused_mlp": 1} and len(names) == 1 and names[0].startswith(kernel)
 
 

@@ -22,7 +22,7 @@ FUNCTIONS = {
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
     torch.tanh: "tanh", torch.erf: "erf", torch.special.erf: "erf",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
-    F.relu6: "relu6", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+    F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
@@ -30,7 +30,7 @@ MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
-    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten",
+    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
 }
 ACTS = ("silu", "relu", "gelu")                      # activations with a fused kernel here
 
