@@ -23,7 +23,7 @@ class Fused(Mode):
     options = (
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
-                        "backward (one activation less per site; slower on CPU, so off by "
+                        "backward (one activation less per site, one LayerNorm pass more; off by "
                         "default)."),
     )
 

@@ -1,8 +1,8 @@
 """ln_linear (graph, opt-in): LayerNorm over the last dim -> Linear (a transformer's pre-norm)
 -> one Function that saves the LN input and its (rows,) statistics, not LN(x), and recomputes
 LN(x) in backward (fx/ln_linear_kernel.py). That is one (rows, C) activation less per site,
-but one more LayerNorm pass per step: on CPU it measured slower than eager
-(benchmarks/ln_linear.py), so it is off unless asked for (`fuse(opt_in=("ln_linear",))`,
+but one more LayerNorm pass per step: on CPU it did not measure faster than eager
+(benchmarks/ln_linear.py, docs/fused.md), so it is off unless asked for (`fuse(opt_in=("ln_linear",))`,
 `fusebench run -m fused --fused-ln-linear`); until then each candidate is a `not_fused` note
 saying so. Where the Linear is an MLP's fc1 the mlp site takes the LayerNorm in (see
 fx_mlp.ln_prologue); that site counts as both mlp and ln_linear."""
@@ -15,8 +15,8 @@ from fusebench.fuse.fx.acts import match_act
 from fusebench.fuse.fx.ln_linear_kernel import ln_linear
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
-OFF = ("off by default: recomputing LayerNorm in backward costs more time than the saved "
-       "activation on CPU (benchmarks/ln_linear.py); -m fused --fused-ln-linear fuses it")
+OFF = ("off by default: it recomputes LayerNorm in backward (more work; not measured faster "
+       "than eager on CPU, benchmarks/ln_linear.py); -m fused --fused-ln-linear fuses it")
 
 
 def last_dim_ln(n):
@@ -76,8 +76,7 @@ def ln_args(ln) -> tuple:
 @register_pattern("ln_linear", benches=("train",))
 def ln_then_linear(n, scope):
     """LayerNorm -> Linear -> one Function saving x and the stats (opt-in; see module doc)."""
-    from fusebench.fuse.fusions.fx_mlp import _fc    # fx_mlp imports this module
-    fc = _fc(n) if N.op(n) == "linear" else None
+    fc = N.fc(n) if N.op(n) == "linear" else None
     got = ln_before(n, fc[1]) if isinstance(fc, tuple) else None
     if got is None:
         return None

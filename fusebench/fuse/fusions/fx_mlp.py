@@ -10,7 +10,6 @@ import functools
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
@@ -142,28 +141,6 @@ def ln_prologue(fc1_node, x, scope):
     return (got[0], ln_args(got[1])) if isinstance(got, tuple) else None
 
 
-def _fc(n):
-    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
-    op, m = N.op(n), N.module(n)
-    if op not in FC:
-        return None
-    if m is not None:
-        if op == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
-                                 or m.padding not in ((0, 0), "valid")
-                                 or m.padding_mode != "zeros"):
-            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
-        if type(m) not in (nn.Linear, nn.Conv2d):
-            return None
-        return op, N.x_of(n), f"{n.target}.weight", \
-            (f"{n.target}.bias" if m.bias is not None else None)
-    if op != "linear":
-        return "functional conv2d (only nn.Conv2d modules are matched)"
-    w, b = N.attr_path(N.arg(n, 1, "weight")), N.arg(n, 2, "bias")
-    if w is None or (b is not None and N.last_param(b) is None):
-        return "weight / bias are not module parameters"
-    return op, N.x_of(n), w, (N.last_param(b) if b is not None else None)
-
-
 def _gamma(fc2, op: str, scope):
     """(mul node, gamma path) when fc2's only use is a layer-scale multiply."""
     u = N.single_user(fc2)
@@ -206,12 +183,12 @@ def _residual(out, scope):
 @register_pattern("mlp", benches=("train", "infer"))
 def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
-    fc2 = _fc(n)
+    fc2 = N.fc(n)
     act_node = N.x_of(n) if isinstance(fc2, tuple) else None
     act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
-    fc1 = _fc(act.x) if not isinstance(act, str) else None
+    fc1 = N.fc(act.x) if not isinstance(act, str) else None
     if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
         return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
     if fc1 is None or N.op(fc1[1]) == "adaptive_avg_pool2d" or N.mean_dims(fc1[1]):

@@ -32,7 +32,7 @@ def ln_linear_kernel(eps: float, has_w: bool, has_b: bool, has_bias: bool) -> Mu
         return torch.nn.functional.linear(n, w, b), (x, mean, rstd)
 
     def bwd(dy, saved, groups):
-        (x, mean, rstd), (lw, lb, w, b) = saved, unpack(groups)
+        (x, mean, rstd), (lw, lb, w, _) = saved, unpack(groups)
         n = _ln(x, lw, lb, eps)[0]                          # recomputed, not saved
         dy2, n2 = dy.reshape(-1, dy.shape[-1]), n.reshape(-1, n.shape[-1])
         dw = dy2.t() @ n2

@@ -164,3 +164,25 @@ def last_param(n) -> str | None:
 def hooked(m: nn.Module) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None))
+
+
+def fc(n):
+    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
+    kind, m = op(n), module(n)
+    if kind not in ("linear", "conv2d"):
+        return None
+    if m is not None:
+        if kind == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
+                                 or m.padding not in ((0, 0), "valid")
+                                 or m.padding_mode != "zeros"):
+            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
+        if type(m) not in (nn.Linear, nn.Conv2d):
+            return None
+        return kind, x_of(n), f"{n.target}.weight", \
+            (f"{n.target}.bias" if m.bias is not None else None)
+    if kind != "linear":
+        return "functional conv2d (only nn.Conv2d modules are matched)"
+    w, b = attr_path(arg(n, 1, "weight")), arg(n, 2, "bias")
+    if w is None or (b is not None and last_param(b) is None):
+        return "weight / bias are not module parameters"
+    return kind, x_of(n), w, (last_param(b) if b is not None else None)
