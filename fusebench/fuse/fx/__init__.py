@@ -3,6 +3,9 @@
   nodes.py    what an fx node computes, whatever the spelling (function, method, module)
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
+  acts.py     the activation a node (or, via spelled.py, a written-out expression) computes
+  residual.py a fused Function whose output also takes a residual add (the mlp site's)
+  ln_linear_kernel.py  LayerNorm -> Linear saving x and the stats (the opt-in ln_linear)
   the patterns themselves: fusebench/fuse/fusions/fx_*.py; a plugin registers its own with
   `fusebench.fuse.fx.register_pattern` (tried after the built-in ones unless `before=`)
 
