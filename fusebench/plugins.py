@@ -1,6 +1,7 @@
 """User plugins: FUSEBENCH_PLUGINS="pkg.module,/path/to/file.py" is imported by the probe (the
 CLI's child process that loads user code, cell/probe.py) and by every worker, so a plugin can
-register its own modes, models or kernel impls. The CLI process itself never imports them."""
+register its own modes, models or kernel impls, or graph patterns for the fused mode
+(`fusebench.fuse.fx.register_pattern`, tried after the built-in ones unless `before=` names one). The CLI process itself never imports them."""
 from __future__ import annotations
 
 import importlib

@@ -7,6 +7,7 @@ candidates that did not fuse (or a failed trace) reported as events with a reaso
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import warnings
 from collections import Counter
@@ -45,10 +46,12 @@ ASSETS = {
     "convnext_official": (convnext_official.make, lambda: (image(),),
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
+    "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), {"bn_act": 9, "se_gate": 4}),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        {"bn_act": 9, "se_gate": 4}),
 }
+FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
 KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se["}
 
@@ -60,7 +63,7 @@ def ran(y: torch.Tensor) -> Counter:
     out: Counter = Counter()
     for node in autograd_nodes(y):
         name = type(node).__name__
-        if name == "MultiOpFunctionBackward":
+        if name in FUSED_NODES:
             out.update(p for p, pre in KERNEL_PREFIX.items() if node.kernel.name.startswith(pre))
         out["dwconv"] += name == "DwConvCpuFunctionBackward"
     return +out
@@ -198,8 +201,81 @@ def test_events_say_what_did_not_fuse_and_where_tracing_failed():
     assert "mlp: 2 sites" in msgs["fusion"]
     # the attention splits a traced value: its trace fails, the rest of the model still fuses
     assert any("transformer.h.0.attn" in m and "failed" in m for m in msgs["fx_fallback"])
-    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: no fused LayerNorm+Linear")
+    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: off by default")
                for m in msgs["not_fused"]), msgs["not_fused"]
+
+
+def saved_bytes(model, inputs) -> int:
+    """Bytes of the distinct tensors autograd saves in one forward (activations and params)."""
+    seen: dict = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*inputs)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("factory", [nano_gpt.make, nano_gpt.make_new_gelu],
+                         ids=["gelu", "new_gelu"])
+def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
+    """Opt-in (the fused mode's --fused-ln-linear): each pre-norm LayerNorm -> Linear runs in
+    one Function (inside the mlp site where the Linear is fc1), gradients equal float64 eager,
+    and a step saves less than the default fusion; off, each is a not_fused note."""
+    model, plain = build(factory).train(), build(factory).train()
+    ref = copy.deepcopy(model)
+    events = EventLog()
+    get_mode("fused").prepare(model, tokens(), {"bench": "train", "fused_ln_linear": True},
+                              events)
+    assert {e.message for e in events.events() if e.category == "fusion"} == {
+        "mlp: 2 sites", "ln_linear: 3 sites"}
+    fuse(plain, "train")
+    assert saved_bytes(model, tokens()) < saved_bytes(plain, tokens())
+    for _ in range(2):
+        model.zero_grad()
+        ref.zero_grad()
+        site_calls.clear()
+        y = check_step(model, ref, tokens())
+    kernels = Counter(n.kernel.name.split("[")[0] for n in autograd_nodes(y)
+                      if type(n).__name__ in FUSED_NODES)
+    assert kernels == {"ln_linear": 3, "mlp": 2} and site_calls == {"fused_mlp": 2,
+                                                                   "fused_ln_linear": 1}
+    residual = [n for n in autograd_nodes(y) if type(n).__name__ == "ResidualOpFunctionBackward"]
+    assert len(residual) == 2                     # each block's `x + mlp(...)` add is folded
+
+
+class ResidualMlp(nn.Module):          # x + dropout(fc2(gelu(fc1(x)))), a GPT block's second half
+    def __init__(self, c, p=0.0):
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(c, 4 * c), nn.Linear(4 * c, c), nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+@pytest.mark.parametrize("p, layout, folded", [(0.0, "contiguous", True),
+                                               (0.1, "contiguous", False),
+                                               (0.0, "transposed", False)])
+def test_the_residual_add_folds_into_the_mlp_site(p, layout, folded, site_calls):
+    """The add after an MLP runs inside its Function (res + fc2 bias as the GEMM accumulator)
+    where nothing sits between them but an identity dropout and res has the output's layout;
+    a dropout with p > 0 keeps aten's add, a transposed res takes it at run time."""
+    torch.manual_seed(0)
+    model = ResidualMlp(6, p).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    x = torch.randn(5, 3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x = x.transpose(0, 1) if layout == "transposed" else x
+    torch.manual_seed(2)                          # the same dropout masks in both
+    y = model(x)
+    torch.manual_seed(2)
+    torch.testing.assert_close(y, ref(x), atol=1e-9, rtol=1e-9)
+    torch.manual_seed(2)
+    check_step(model, ref, (x,)) if p == 0 else None
+    kinds = {type(n).__name__ for n in autograd_nodes(y)}
+    assert ("ResidualOpFunctionBackward" in kinds) == folded
+    assert ("AddBackward0" in kinds) == (not folded)
 
 
 def test_a_hooked_module_is_a_candidate_not_fused():
@@ -253,6 +329,7 @@ def test_parameters_are_read_at_call_time():
 
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+               "nano_gpt_new_gelu": {"mlp": 2},
                "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4}}
 
@@ -304,6 +381,42 @@ class NoBiasGeluMlp(nn.Module):        # nanoGPT with bias=False
 
     def forward(self, x):
         return self.c_proj(nn.functional.gelu(self.c_fc(x.permute(0, 2, 3, 1))))
+
+
+class SpelledActMlp(nn.Module):       # Linear -> a hand-written activation -> Linear
+    def __init__(self, c, act):
+        super().__init__()
+        self.fc1, self.fc2, self.act = nn.Linear(c, 4 * c), nn.Linear(4 * c, c), act
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x.permute(0, 2, 3, 1))))
+
+
+SPELLED = {   # written-out activation -> the fused Function's kernel name
+    "erf_gelu": (lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), "mlp[linear,gelu"),
+    "tanh_gelu_cubed": (lambda x: (1 + (0.7978845608 * (0.044715 * x * x * x + x)).tanh())
+                        * (x * 0.5), "mlp[linear,gelu"),
+    "quick_gelu": (lambda x: x * torch.sigmoid(1.702 * x), "mlp[linear,quick_gelu"),
+    "silu": (lambda x: torch.sigmoid(x) * x, "mlp[linear,"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPELLED))
+def test_hand_written_activations_are_one_mlp_site(name, site_calls):
+    act, kernel = SPELLED[name]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), SpelledActMlp(6, act)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    y = check_step(model, ref, (image(),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert site_calls == {"fused_mlp": 1} and len(names) == 1 and names[0].startswith(kernel)
+
+
+def test_an_activation_not_computed_here_is_not_matched():
+    model = SpelledActMlp(6, lambda x: x * torch.sigmoid(2.0 * x))
+    assert not fuse(model, "train").sites
 
 
 @pytest.mark.parametrize("cls", [ConvMlpGamma, FunctionalTanhMlp, NoBiasGeluMlp])

@@ -33,24 +33,39 @@ ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "se_gate", "bn_sil
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_gate", "bn_act", "mlp",
                                 "conv_bn_fold_fx", "ln_linear")
+OPT_IN: tuple[str, ...] = ("ln_linear",)   # more work for less memory: reported, fused on request
 assert set(ORDER) == set(FUSIONS.names()), "every bundled fusion is listed in ORDER once"
 assert set(GRAPH_ORDER) == set(PATTERNS.names()), "every graph pattern is in GRAPH_ORDER once"
 
 
+def graph_order() -> list[str]:
+    """GRAPH_ORDER, with the patterns a plugin registered after it or where `before` says."""
+    order = list(GRAPH_ORDER)
+    for name in PATTERNS.names():
+        if name not in GRAPH_ORDER:
+            before = PATTERNS[name].before
+            order.insert(order.index(before) if before in order else len(order), name)
+    return order
+
+
 def fuse(model: nn.Module, bench: str = "train", device: str = "cpu",
-         only: list[str] | None = None, impls: dict[str, str] | None = None) -> FuseResult:
+         only: list[str] | None = None, impls: dict[str, str] | None = None,
+         opt_in: tuple[str, ...] = ()) -> FuseResult:
     """Apply every fusion for `bench`, in ORDER with the graph patterns (GRAPH_ORDER) before
     GRAPH_BEFORE, then any a plugin registered (by name); or only those named in `only`
     (fusion or graph pattern names). `impls` overrides binding.PREFERRED per act family, e.g.
-    {"se_gate": "function"}."""
+    {"se_gate": "function"}. `opt_in` turns on fusions in OPT_IN (off by default: they trade
+    time for activation memory; their candidates are `not_fused` notes until then)."""
     order = [*ORDER, *(n for n in FUSIONS.names() if n not in ORDER)]
     order = [n for n in order if only is None or n in only]
-    graph = [*GRAPH_ORDER, *(n for n in PATTERNS.names() if n not in GRAPH_ORDER)]
-    graph = tuple(n for n in graph if only is None or n in only)
+    graph = tuple(n for n in graph_order() if only is None or n in only)
     at = order.index(GRAPH_BEFORE) if GRAPH_BEFORE in order else len(order)
+    bad = sorted(set(opt_in) - set(OPT_IN))
+    if bad:
+        raise ValueError(f"opt_in {bad}: only {list(OPT_IN)} are off by default")
     return fuse_in_order(model, [*order[:at], GraphPass(graph), *order[at:]], bench, device,
-                         impls)
+                         impls, opt_in)
 
 
-__all__ = ["FUSIONS", "GRAPH_ORDER", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion",
-           "GraphPass", "fuse", "fuse_in_order", "register_fusion", "unfused_leaves"]
+__all__ = ["FUSIONS", "GRAPH_ORDER", "OPT_IN", "ORDER", "PATTERNS", "FuseResult", "FusedModule", "Fusion",
+           "GraphPass", "fuse", "graph_order", "fuse_in_order", "register_fusion", "unfused_leaves"]

@@ -41,6 +41,7 @@ class FuseContext:
     notes: list[tuple[str, str]] = field(default_factory=list)   # (event category, message)
     impls: dict[str, str] = field(default_factory=dict)          # family -> impl override
     bound: dict[str, Pure] = field(default_factory=dict)         # family -> pair, once
+    opt_in: frozenset[str] = frozenset()      # fusions off by default that were asked for
 
     def act(self, family: str) -> Pure:
         """The act family's kernels for this fuse(): resolved on first use, then reused."""

@@ -27,14 +27,15 @@ class GraphPass:
 
 
 def fuse_in_order(model: nn.Module, order: list, bench: str = "train", device: str = "cpu",
-                  impls: dict[str, str] | None = None) -> FuseResult:
+                  impls: dict[str, str] | None = None, opt_in=()) -> FuseResult:
     """Apply the fusions named in `order` (those for `bench`), in that order; a GraphPass item
     runs the graph patterns there. Train: submodules are swapped in place (same Parameters, same
     names; the root is never replaced; a graph site changes a module's forward only). Infer: a
-    fused deep copy. A module a fusion replaced or a graph site absorbed is not visited again."""
+    fused deep copy. A module a fusion replaced or a graph site absorbed is not visited again.
+    `opt_in`: fusions that are off unless asked for (fuse.OPT_IN)."""
     if bench == "infer":
         model = copy.deepcopy(model)
-    ctx = FuseContext(bench, str(device), impls=dict(impls or {}))
+    ctx = FuseContext(bench, str(device), impls=dict(impls or {}), opt_in=frozenset(opt_in))
     sites: Counter = Counter()
     for item in order:
         if isinstance(item, GraphPass):

@@ -8,6 +8,7 @@ Train: submodules are swapped in place, keeping the same Parameters under the sa
 optimizer, the correctness check and FSDP see them). Infer: a fused copy (conv+BN folded)."""
 from __future__ import annotations
 
+from fusebench.modes.options import ModeOption
 from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode, device_of
 
@@ -19,6 +20,13 @@ class Fused(Mode):
                    "kernel, BN+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv backward; "
                    "conv+BN folding for inference")
 
+    options = (
+        ModeOption("fused_ln_linear", bool, default=False,
+                   help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
+                        "backward (one activation less per site, one LayerNorm pass more; off by "
+                        "default)."),
+    )
+
     def __init__(self):
         self._rewritten = False
 
@@ -27,7 +35,8 @@ class Fused(Mode):
         wrapper must record the fused modules' Parameters, not the replaced ones)."""
         from fusebench.fuse import fuse
         bench = options.get("bench", "train")
-        result = fuse(model, bench, device_of(model, example_inputs))
+        opt_in = ("ln_linear",) if self.opts(options)["fused_ln_linear"] else ()
+        result = fuse(model, bench, device_of(model, example_inputs), opt_in=opt_in)
         for category, msg in result.notes:
             events.add(category, "fuser", msg)
         for fusion, n in result.sites.items():

@@ -3,7 +3,8 @@ shrunk for tests: a LayerNorm class with an optional bias (F.layer_norm), Causal
 with one c_attn projection split into q, k, v (the split of a traced value is what stops
 torch.fx at the attention), an MLP c_fc -> GELU -> c_proj -> dropout, pre-norm blocks with
 residual adds, token + position embeddings, a final norm and an lm_head tied to the token
-embedding. Input: int64 token ids (B, T); output: logits (B, T, vocab)."""
+embedding. Input: int64 token ids (B, T); output: logits (B, T, vocab). `make_new_gelu()`:
+the MLP's activation is nanoGPT's NewGELU module, the tanh GELU written out by hand."""
 import math
 
 import torch
@@ -42,11 +43,19 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y)
 
 
+class NewGELU(nn.Module):
+    """GELU's tanh approximation spelled out, as in the original GPT code."""
+
+    def forward(self, x):
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
 class MLP(nn.Module):
-    def __init__(self, dim: int, bias: bool, dropout: float = 0.0):
+    def __init__(self, dim: int, bias: bool, dropout: float = 0.0, new_gelu: bool = False):
         super().__init__()
         self.c_fc = nn.Linear(dim, 4 * dim, bias=bias)
-        self.gelu = nn.GELU()
+        self.gelu = NewGELU() if new_gelu else nn.GELU()
         self.c_proj = nn.Linear(4 * dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
@@ -55,12 +64,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, bias: bool):
+    def __init__(self, dim: int, heads: int, bias: bool, new_gelu: bool = False):
         super().__init__()
         self.ln_1 = LayerNorm(dim, bias)
         self.attn = CausalSelfAttention(dim, heads, bias)
         self.ln_2 = LayerNorm(dim, bias)
-        self.mlp = MLP(dim, bias)
+        self.mlp = MLP(dim, bias, new_gelu=new_gelu)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -68,11 +77,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers: int = 2, dim: int = 32, heads: int = 4, bias: bool = True):
+    def __init__(self, layers: int = 2, dim: int = 32, heads: int = 4, bias: bool = True,
+                 new_gelu: bool = False):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(VOCAB, dim), wpe=nn.Embedding(CONTEXT, dim),
-            h=nn.ModuleList([Block(dim, heads, bias) for _ in range(layers)]),
+            h=nn.ModuleList([Block(dim, heads, bias, new_gelu) for _ in range(layers)]),
             ln_f=LayerNorm(dim, bias)))
         self.lm_head = nn.Linear(dim, VOCAB, bias=False)
         self.transformer.wte.weight = self.lm_head.weight      # weight tying
@@ -92,3 +102,7 @@ class GPT(nn.Module):
 
 def make(**kw):
     return GPT(**kw)
+
+
+def make_new_gelu(**kw):
+    return GPT(new_gelu=True, **kw)

@@ -9,19 +9,29 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn as nn
+import torch.fx as fx
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
+from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.acts import match_act, pure_act
+from fusebench.fuse.fx.ln_linear_kernel import ln_linear
+from fusebench.fuse.fx.residual import run_ops_residual
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 
 def _linear_bwd(dy, g, w, has_bias):
     dy2, g2 = dy.reshape(-1, dy.shape[-1]), g.reshape(-1, g.shape[-1])
     return dy @ w, dy2.t() @ g2, dy2.sum(0) if has_bias else None
+
+
+def _linear_into(res, g, w, b):
+    """res + linear(g, w, b) with res (+ b) as the GEMM's accumulator: no pass for the add."""
+    acc = res + b if b is not None else res.clone()
+    acc.view(-1, acc.shape[-1]).addmm_(g.reshape(-1, g.shape[-1]), w.t())
+    return acc
 
 
 FC = {"linear": (F.linear, _linear_bwd, -1),          # fwd, bwd, channel dim
@@ -69,9 +79,12 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
         return (w2 * gamma.reshape(-1, *[1] * (w2.dim() - 1)),
                 None if b2 is None else b2 * gamma)
 
-    def fwd(h0, groups):
+    def fwd(h0, groups, res=None):
         b1, w2, b2, gamma = unpack(groups)
-        return fc_fwd(ba.fwd(h0, b1), *folded(w2, b2, gamma)), (h0,)
+        g = ba.fwd(h0, b1)
+        if res is None:
+            return fc_fwd(g, *folded(w2, b2, gamma)), (h0,)
+        return _linear_into(res, g, *folded(w2, b2, gamma)), (h0,)
 
     def bwd(dy, saved, groups):
         (h0,), (b1, w2, b2, gamma) = saved, unpack(groups)
@@ -91,35 +104,41 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
     return MultiOpKernel(f"mlp[{fc},{ba.act.impl}]", fwd, bwd)
 
 
-def mlp_site(ba: BiasAct, fc: str) -> Site:
+def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
+             residual: bool = False) -> Site:
+    """run(x, [ln weight, ln bias,] w1, b1, w2, b2, [res,] [gamma]): with ln_eps, fc1 takes
+    LayerNorm(x) (ln_linear); with residual, res + the MLP, the add inside fc2's GEMM."""
     kernel, fc_fwd = mlp_kernel(ba, fc), FC[fc][0]
 
-    def run(x, w1, b1, w2, b2, gamma=None):
-        h0 = fc_fwd(x, w1)                       # fc1 without its bias: the bias is fused
-        return run_ops(kernel, h0, ((b1,), (w2, b2), (gamma,)))
+    def run(x, *args):
+        if ln_eps is not None:
+            lw, lb, *args = args
+        w1, b1, w2, b2, *rest = args
+        res, gamma = (rest[0], rest[1:]) if residual else (None, rest)
+        gamma = gamma[0] if gamma else None
+        # fc1 without its bias (the bias is fused); LN(x) recomputed in backward with ln_eps
+        h0 = fc_fwd(x, w1) if ln_eps is None else ln_linear(x, ln_eps, lw, lb, w1)
+        groups = ((b1,), (w2, b2), (gamma,))
+        if res is None:
+            return run_ops(kernel, h0, groups)
+        if not foldable(res, h0, w2):
+            return run_ops(kernel, h0, groups) + res           # eager's add, same numbers
+        return run_ops_residual(kernel, h0, groups, res)
     return Site("fused_mlp", run)
 
 
-def _fc(n):
-    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
-    op, m = N.op(n), N.module(n)
-    if op not in FC:
+def foldable(res, h0, w2) -> bool:
+    """res can be fc2's GEMM accumulator: the output's shape, dtype and row-major layout."""
+    return (res.shape == (*h0.shape[:-1], w2.shape[0]) and res.dtype == h0.dtype == w2.dtype
+            and res.is_contiguous() and not torch.is_autocast_enabled(res.device.type))
+
+
+def ln_prologue(fc1_node, x, scope):
+    """(ln node, (x, eps, lw, lb)) when ln_linear is asked for and a LayerNorm feeds fc1."""
+    if "ln_linear" not in scope.ctx.opt_in or scope.ctx.bench != "train":
         return None
-    if m is not None:
-        if op == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
-                                 or m.padding not in ((0, 0), "valid")
-                                 or m.padding_mode != "zeros"):
-            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
-        if type(m) not in (nn.Linear, nn.Conv2d):
-            return None
-        return op, N.x_of(n), f"{n.target}.weight", \
-            (f"{n.target}.bias" if m.bias is not None else None)
-    if op != "linear":
-        return "functional conv2d (only nn.Conv2d modules are matched)"
-    w, b = N.attr_path(N.arg(n, 1, "weight")), N.arg(n, 2, "bias")
-    if w is None or (b is not None and N.last_param(b) is None):
-        return "weight / bias are not module parameters"
-    return op, N.x_of(n), w, (N.last_param(b) if b is not None else None)
+    got = ln_before(fc1_node, x)
+    return (got[0], ln_args(got[1])) if isinstance(got, tuple) else None
 
 
 def _gamma(fc2, op: str, scope):
@@ -133,29 +152,69 @@ def _gamma(fc2, op: str, scope):
     return (u, path) if path else (None, None)
 
 
+def _identity_dropout(n, scope) -> bool:
+    """A dropout that is the identity here: p == 0, or any p outside training."""
+    if N.op(n) != "dropout":
+        return False
+    m = N.module(n)
+    p = m.p if m is not None else N.number(N.arg(n, 1, "p", 0.5))
+    training = m.training if m is not None else N.arg(n, 2, "training", True)
+    return p == 0 or (training is False) or (m is not None and scope.ctx.bench == "infer")
+
+
+def _residual(out, scope):
+    """(the add node, the residual, nodes skipped) when out's only use is `res + out` (through
+    identity dropouts); else (out, None, ())."""
+    skipped, u = [], N.single_user(out)
+    while u is not None and _identity_dropout(u, scope):
+        skipped.append(u)
+        u = N.single_user(u)
+    ab = N.operands(u) if u is not None and N.op(u) == "add" and len(u.args) == 2 \
+        and not u.kwargs else None
+    last = skipped[-1] if skipped else out
+    if not ab or last not in ab or ab[0] is ab[1]:
+        return out, None, ()
+    res = ab[1] if ab[0] is last else ab[0]
+    if not isinstance(res, fx.Node):
+        return out, None, ()
+    return u, res, (out, *skipped)
+
+
 @register_pattern("mlp", benches=("train", "infer"))
 def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
-    fc2 = _fc(n)
+    fc2 = N.fc(n)
     act_node = N.x_of(n) if isinstance(fc2, tuple) else None
-    act = activation(act_node) if act_node is not None else None
+    act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
-    fc1 = _fc(N.x_of(act_node))
+    fc1 = N.fc(act.x) if not isinstance(act, str) else None
     if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
         return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
     if fc1 is None or N.op(fc1[1]) == "adaptive_avg_pool2d" or N.mean_dims(fc1[1]):
         return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
     if fc1[0] != fc2[0]:
         return Miss("mlp", "fc1 and fc2 are different kinds (Linear vs 1x1 conv)")
-    fc1_node = N.x_of(act_node)
-    if len(fc1_node.users) != 1 or len(act_node.users) != 1:
+    fc1_node = act.x
+    if not set(fc1_node.users) <= {act_node, *act.nodes} or len(act_node.users) != 1:
         return Miss("mlp", "an intermediate output is used elsewhere too")
     op = fc1[0]
     mul, gamma = _gamma(n, op, scope)
-    bias_gelu = scope.ctx.act("bias_gelu") if act[0] == "gelu" and fc1[3] else None
-    ba = BiasAct(pure_act(*act, scope.ctx), bias_gelu, act[1], FC[op][2])
-    args = (fc1[1], Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
+    bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1[3] else None
+    ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate,
+                 FC[op][2])
+    args = (Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
-    return Hit("mlp", mul or n, mlp_site(ba, op), args,
-               (act_node, fc1_node, *([n] if mul else [])))
+    nodes = (act_node, *act.nodes, fc1_node, *([n] if mul else []))
+    ln = ln_prologue(fc1_node, fc1[1], scope) if op == "linear" else None
+    head, eps = (fc1[1],), None
+    if ln is not None:
+        (ln_node, (x, eps, lw, lb)) = ln
+        head, nodes = (x, lw, lb), (*nodes, ln_node)
+    out, res, skipped = mul or n, None, ()
+    if op == "linear":
+        out, res, skipped = _residual(out, scope)
+    if res is not None:
+        args = (*args[:4], res, *args[4:])
+    return Hit("mlp", out, mlp_site(ba, op, eps, res is not None), (*head, *args),
+               (*nodes, *skipped), also=("ln_linear",) if ln else ())

@@ -3,7 +3,11 @@
   nodes.py    what an fx node computes, whatever the spelling (function, method, module)
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
-  the patterns themselves: fusebench/fuse/fusions/fx_*.py
+  acts.py     the activation a node (or, via spelled.py, a written-out expression) computes
+  residual.py a fused Function whose output also takes a residual add (the mlp site's)
+  ln_linear_kernel.py  LayerNorm -> Linear saving x and the stats (the opt-in ln_linear)
+  the patterns themselves: fusebench/fuse/fusions/fx_*.py; a plugin registers its own with
+  `fusebench.fuse.fx.register_pattern` (tried after the built-in ones unless `before=`)
 
 Why our own matcher rather than torch.fx's SubgraphMatcher / subgraph_rewriter: those compare a
 pattern graph literally (the same op targets, the same constant arguments, the same argument
@@ -19,7 +23,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.fuse.fx.nodes import hooked, module, op
-from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope
+from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope, Site, register_pattern
 from fusebench.fuse.fx.trace import graph_roots, install
 
 
@@ -46,7 +50,7 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
                     misses[(res.pattern, res.reason)].append(_where(path, node))
                 elif isinstance(res, Hit):
                     changed |= _apply(gm, m, res, erased, ctx)
-                    sites[res.pattern] += 1
+                    sites.update((res.pattern, *res.also))
                 if res is not None:
                     break
         if changed:
@@ -120,4 +124,4 @@ def _apply(gm: fx.GraphModule, root: nn.Module, hit: Hit, erased: set, ctx) -> b
     return True
 
 
-__all__ = ["PATTERNS", "graph_pass"]
+__all__ = ["PATTERNS", "Attr", "Hit", "Miss", "Site", "graph_pass", "register_pattern"]

@@ -1,6 +1,8 @@
 """The activation a matched node computes, and the pure fwd/bwd pair that computes exactly that.
 silu runs the act family bound for this fuse() (binding.PREFERRED); relu and gelu run aten's
-own forward and backward ops (the same numbers as eager, inside one fused Function)."""
+own forward and backward ops (the same numbers as eager, inside one fused Function); quick
+GELU x*sigmoid(1.702x) runs the user's own forward ops and its derivative. `match_act` also
+reads activations written out by hand (fx/spelled.py)."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fx.spelled import QUICK_GELU, Spelled, spelled
 
 APPROXIMATE = ("none", "tanh")          # what F.gelu and the bias_gelu kernels compute
 
@@ -31,6 +34,26 @@ def activation(n: fx.Node) -> tuple[str, str] | str | None:
     return op, approx
 
 
+def match_act(n: fx.Node) -> Spelled | str | None:
+    """The activation whose output is n: one node (a module or function) or a hand-written
+    expression; a reason string for one no kernel here computes; None for anything else."""
+    act = activation(n)
+    if isinstance(act, tuple):
+        return Spelled(act[0], act[1], N.x_of(n), ())
+    return act if act is not None else spelled(n)
+
+
+@functools.cache
+def _quick_gelu() -> Pure:
+    def fwd(x):                                    # the user's own ops, so the same numbers
+        return x * torch.sigmoid(QUICK_GELU * x)
+
+    def bwd(dy, x):
+        s = torch.sigmoid(QUICK_GELU * x)
+        return dy * (s + QUICK_GELU * x * s * (1 - s))
+    return Pure("quick_gelu", fwd, bwd)
+
+
 @functools.cache
 def _relu() -> Pure:
     return Pure("relu", torch.relu, lambda dy, x: torch.ops.aten.threshold_backward(dy, x, 0))
@@ -46,4 +69,6 @@ def pure_act(op: str, approximate: str, ctx) -> Pure:
     """fwd(x) -> y, bwd(dy, x) -> dx for the activation."""
     if op == "silu":
         return ctx.act("silu")
+    if op == "quick_gelu":
+        return _quick_gelu()
     return _relu() if op == "relu" else _gelu(approximate)

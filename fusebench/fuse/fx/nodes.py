@@ -20,16 +20,17 @@ FUNCTIONS = {
     torch.flatten: "flatten", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
     F.layer_norm: "layer_norm", F.linear: "linear", F.conv2d: "conv2d",
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
+    torch.tanh: "tanh", torch.erf: "erf", torch.special.erf: "erf",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
-    F.relu6: "relu6", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+    F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
-           "sigmoid", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
+           "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
-    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten",
+    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
 }
 ACTS = ("silu", "relu", "gelu")                      # activations with a fused kernel here
 
@@ -163,3 +164,25 @@ def last_param(n) -> str | None:
 def hooked(m: nn.Module) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None))
+
+
+def fc(n):
+    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
+    kind, m = op(n), module(n)
+    if kind not in ("linear", "conv2d"):
+        return None
+    if m is not None:
+        if kind == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
+                                 or m.padding not in ((0, 0), "valid")
+                                 or m.padding_mode != "zeros"):
+            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
+        if type(m) not in (nn.Linear, nn.Conv2d):
+            return None
+        return kind, x_of(n), f"{n.target}.weight", \
+            (f"{n.target}.bias" if m.bias is not None else None)
+    if kind != "linear":
+        return "functional conv2d (only nn.Conv2d modules are matched)"
+    w, b = attr_path(arg(n, 1, "weight")), arg(n, 2, "bias")
+    if w is None or (b is not None and last_param(b) is None):
+        return "weight / bias are not module parameters"
+    return kind, x_of(n), w, (last_param(b) if b is not None else None)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from fusebench.errors import first_line
+from fusebench.errors import UsageError, first_line
 from fusebench.registry import Registry
 
 
@@ -32,6 +32,7 @@ class Hit:
     args: tuple = ()                      # fx Nodes, attribute paths (Attr) or constants
     nodes: tuple = ()                     # nodes the match absorbs (erased when unused)
     mutate: Callable[[], None] | None = None
+    also: tuple[str, ...] = ()            # other patterns this site includes (counted too)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class GraphPattern:
     scan: Callable[[fx.Node, object], Hit | Miss | None]
     benches: tuple[str, ...]
     description: str = ""
+    before: str | None = None             # a plugin's pattern: tried before this one
 
 
 @dataclass
@@ -66,10 +68,17 @@ class Scope:
 PATTERNS: Registry[GraphPattern] = Registry("graph pattern")
 
 
-def register_pattern(name: str, benches=("train",), description: str = ""):
-    """Decorator: `scan(node, scope) -> Hit | Miss | None` becomes graph pattern `name`."""
+def register_pattern(name: str, benches=("train",), description: str = "",
+                     before: str | None = None):
+    """Decorator: `scan(node, scope) -> Hit | Miss | None` becomes graph pattern `name`. A
+    pattern outside fuse.GRAPH_ORDER (a plugin's) is tried after the built-in ones, or just
+    before the pattern named `before` (at a node both would match, the first one wins)."""
+    if before is not None and before not in PATTERNS:
+        raise UsageError(f"graph pattern {name!r}: before={before!r} is not a graph pattern "
+                         f"(known: {', '.join(PATTERNS.names())})")
+
     def deco(fn):
         PATTERNS.add(name, GraphPattern(name, fn, tuple(benches),
-                                        description or first_line(fn.__doc__, None)))
+                                        description or first_line(fn.__doc__, None), before))
         return fn
     return deco
