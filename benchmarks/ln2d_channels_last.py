@@ -5,7 +5,8 @@
 
 Each round times one fwd+bwd of every impl in turn (A, B, A, B, ...), so load that comes and
 goes hits both alike; the table shows median ms per impl and aten/cpu (> 1: the C++ kernel is
-faster). Default shapes: ConvNeXt's LN2d inputs at batch 8 (C = 40..768) plus C = 80..320 at
+faster), and the same from each impl's fastest round (less sensitive to a busy machine).
+Default shapes: ConvNeXt's LN2d inputs at batch 8 (C = 40..768) plus C = 80..320 at
 56x56 .. 14x14. The 1-minute load average is printed with the table."""
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _one(fn, x, w, b, dy) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def bench_shape(shape: tuple[int, ...], rounds: int) -> dict[str, float]:
+def bench_shape(shape: tuple[int, ...], rounds: int) -> dict[str, list[float]]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).contiguous(memory_format=torch.channels_last)
     x.requires_grad_(True)
@@ -45,7 +46,7 @@ def bench_shape(shape: tuple[int, ...], rounds: int) -> dict[str, float]:
             ms = _one(fn, x, w, b, dy)
             if r >= 2:
                 times[name].append(ms)
-    return {name: statistics.median(v) for name, v in times.items()}
+    return times
 
 
 def main(argv=None) -> int:
@@ -57,12 +58,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f"LN2d channels-last x, fwd+bwd, float32, threads {args.threads}, "
           f"{args.rounds} interleaved rounds, load {os.getloadavg()[0]:.2f}")
-    print(f"{'shape':14} {'cpu ms':>8} {'aten ms':>8} {'aten/cpu':>9}")
+    print(f"{'shape':14} {'cpu ms':>8} {'aten ms':>8} {'aten/cpu':>9} {'min cpu':>8} "
+          f"{'min aten':>8} {'aten/cpu':>9}")
     for s in args.shapes.split(","):
         shape = tuple(int(v) for v in s.split("x"))
-        m = bench_shape(shape, args.rounds)
-        print(f"{s:14} {m['cpu']:8.2f} {m['channels_last']:8.2f} "
-              f"{m['channels_last'] / m['cpu']:8.2f}x", flush=True)
+        t = bench_shape(shape, args.rounds)
+        med = {k: statistics.median(v) for k, v in t.items()}
+        low = {k: min(v) for k, v in t.items()}
+        print(f"{s:14} {med['cpu']:8.2f} {med['channels_last']:8.2f} "
+              f"{med['channels_last'] / med['cpu']:8.2f}x {low['cpu']:8.2f} "
+              f"{low['channels_last']:8.2f} {low['channels_last'] / low['cpu']:8.2f}x", flush=True)
     print(f"load at the end {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -68,7 +68,7 @@ def test_quick_smoke_runs_every_cell(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent.parent)}
     out = subprocess.run([sys.executable, str(BENCH), "--quick", "--models",
                           "efficientnet_b0,convnext_official", "--json", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, env=env, timeout=900)
+                         capture_output=True, text=True, env=env, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     cells = [ln for ln in lines if ln.startswith(("efficientnet_b0 ", "convnext_official "))
