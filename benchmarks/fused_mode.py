@@ -1,7 +1,7 @@
 """Fused mode vs eager vs torch.compile, train step, float32: issue 15's targets from one run.
 
     python benchmarks/fused_mode.py                   # the full grid (see below), ~25 min quiet
-    python benchmarks/fused_mode.py --quick           # smoke: tiny size, eager+fused, 1 thread, a few min
+    python benchmarks/fused_mode.py --quick           # smoke: tiny, eager+fused, 1 thread
     python benchmarks/fused_mode.py --models efficientnet_b3 --layouts cl --threads 2
     python benchmarks/fused_mode.py --json out.json   # also keep the raw records
 

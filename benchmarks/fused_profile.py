@@ -1,6 +1,6 @@
 """Where a train step's time goes: eager vs fused, per-op self CPU time under torch.profiler.
 
-    python benchmarks/fused_profile.py                    # efficientnet_b0, channels-last, b8, 160 px
+    python benchmarks/fused_profile.py             # efficientnet_b0, channels-last, b8, 160 px
     python benchmarks/fused_profile.py --model convnext_atto --nchw --top 20 --threads 1
 
 One process builds the model twice from the same seed (eager, and rewritten by `fuse(model,
