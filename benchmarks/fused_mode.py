@@ -79,8 +79,9 @@ TARGETS = (
 def main(argv=None) -> int:
     args = parse(argv)
     print(f"train, float32, batch {args.batch}, {args.img} px, warm-up {args.warmup}, "
-          f"steps {args.steps}; threads {args.threads}; compile for {args.compile_models} at "
-          f"threads {args.compile_threads}; load now {os.getloadavg()[0]:.2f}", flush=True)
+          f"steps {args.steps}; threads {_join(args.threads)}; compile for "
+          f"{_join(args.compile_models)} at threads {_join(args.compile_threads)}; "
+          f"load now {os.getloadavg()[0]:.2f}", flush=True)
     t0 = time.monotonic()
     grid, records = {}, []
     with tempfile.TemporaryDirectory(prefix="fused_mode_") as tmp:
@@ -249,6 +250,10 @@ def print_targets(grid, args) -> int:
             bound = "" if t.what == "correct" else f" (target {t.op} {t.bound:.2f}x)"
             print(f"  {res:4}  {key[0]:17} {key[1]:4} T{key[2]}  {t.name:22} {shown}{bound}")
     return failed
+
+
+def _join(items) -> str:
+    return ",".join(map(str, items))
 
 
 def _ms(r) -> str:
