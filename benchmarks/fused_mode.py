@@ -1,17 +1,30 @@
-"""Fused mode vs eager vs torch.compile, train step, NCHW float32, all ratios from one run.
+"""Fused mode vs eager vs torch.compile, train step, float32: issue 15's targets from one run.
 
-    python benchmarks/fused_mode.py                      # convnext_atto, convnext_nano, efficientnet_b0
-    python benchmarks/fused_mode.py --models convnext_atto --batch 8 --img 224 --steps 10
+    python benchmarks/fused_mode.py                   # the full grid (see below), ~25 min quiet
+    python benchmarks/fused_mode.py --quick           # smoke: tiny, eager+fused, 1 thread
+    python benchmarks/fused_mode.py --models efficientnet_b3 --layouts cl --threads 2
+    python benchmarks/fused_mode.py --json out.json   # also keep the raw records
 
-Each cell runs in its own worker process through fusebench's runner (the same measurement as
-`fusebench run`), one after the other, every worker with the same `--threads`. The default size
-(batch 8, 224 px, 2 threads) is what a 2-core VM affords: about 10 minutes for the nine cells.
-Targets (issue): convnext fused >= 1.2x eager steady state with fewer activation bytes;
-efficientnet_b0 fused activation bytes <= 0.8x eager; torch.compile reported beside it (steady
-state and compile seconds). OpenMP with all cores in use degrades badly when anything else
-runs, so before each cell the script waits (up to QUIET_WAIT_S) for the 1-minute load average,
-which the previous cell itself raised to ~threads, to fall below LOAD_WARN; it prints the load
-each cell started at and flags a cell that started above it.
+Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_official: the
+official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
+convnext_atto's depths and widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes
+(eager, fused, compile). Each cell runs in its own worker process through fusebench's runner
+(the same measurement as `fusebench run`, correctness check included), one after the other.
+
+Default size, batch 8 at 160 px, warm-up 2, 6 timed steps: the issue's "b8, 160-224 px" at
+its cheap end, so that the eager/fused cells take ~10-20 s each on the 2-vCPU VM. What costs
+is torch.compile's cold compile (150-300 s per model and layout for EfficientNet on this VM),
+so compile runs only where a target needs it (--compile-models, the EfficientNets) and only at
+--compile-threads (default 2). The compile cache is shared between the thread counts of one
+(model, layout): a second thread count compiles warm, and its compile seconds say "warm".
+
+OpenMP with all cores busy degrades badly when anything else runs, so before each cell the
+script waits (up to QUIET_WAIT_S) for the 1-minute load average, which the previous cell
+raised to ~threads, to fall below LOAD_WARN; every cell prints the load it started at, and a
+cell that started above it is marked LOADED (its timing is suspect). Targets (issue 15.2):
+EfficientNet fused >= 1.3x eager, >= 1.0x compile's steady state, activation bytes <= 0.70x
+eager, correctness ok; ConvNeXt (ours and the official layout) fused >= 1.3x eager in both
+layouts. One PASS / FAIL / n/a line per target and (model, layout, threads).
 """
 from __future__ import annotations
 
@@ -19,61 +32,149 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from fusebench.run.runner import RunOptions, run_one
 from fusebench.spec import CellSpec
 
+REPO = Path(__file__).resolve().parent.parent
+OFFICIAL = f"{REPO / 'tests' / 'assets' / 'convnext_official.py'}:make"
+# name -> (model reference, factory kwargs); convnext_official at convnext_atto's size
+MODELS = {
+    "efficientnet_b0": ("efficientnet_b0", {}),
+    "efficientnet_b3": ("efficientnet_b3", {}),
+    "convnext_atto": ("convnext_atto", {}),
+    "convnext_official": (OFFICIAL, {"depths": [2, 2, 6, 2], "dims": [40, 80, 160, 320],
+                                     "num_classes": 1000}),
+}
+QUICK_KWARGS = {"convnext_official": {}}   # the asset's own tiny default
+LAYOUTS = {"nchw": False, "cl": True}
 MODES = ("eager", "fused", "compile")
 LOAD_WARN = 1.5          # 1-minute load average above which a cell's timing is suspect
 QUIET_WAIT_S = 120.0     # the previous cell's own load decays below LOAD_WARN in ~20-40 s
 
 
+@dataclass(frozen=True)
+class Target:
+    """One issue target: `value(cells)` is a ratio or None (not measured); pass if it meets
+    `bound` in direction `op` (">=" or "<=")."""
+    name: str
+    families: tuple[str, ...]
+    what: str            # "speed_eager" | "speed_compile" | "act" | "correct"
+    op: str
+    bound: float
+
+
+TARGETS = (
+    Target("fused/eager speed", ("efficientnet",), "speed_eager", ">=", 1.3),
+    Target("fused/compile speed", ("efficientnet",), "speed_compile", ">=", 1.0),
+    Target("act bytes fused/eager", ("efficientnet",), "act", "<=", 0.70),
+    Target("fused/eager speed", ("convnext",), "speed_eager", ">=", 1.3),
+    Target("correctness", ("efficientnet", "convnext"), "correct", ">=", 1.0),
+)
+
 def main(argv=None) -> int:
+    args = parse(argv)
+    print(f"train, float32, batch {args.batch}, {args.img} px, warm-up {args.warmup}, "
+          f"steps {args.steps}; threads {_join(args.threads)}; compile for "
+          f"{_join(args.compile_models)} at threads {_join(args.compile_threads)}; "
+          f"load now {os.getloadavg()[0]:.2f}", flush=True)
+    t0 = time.monotonic()
+    grid, records = {}, []
+    with tempfile.TemporaryDirectory(prefix="fused_mode_") as tmp:
+        for model in args.models:
+            for layout in args.layouts:
+                cache = Path(tmp) / f"{model}-{layout}"
+                for threads in args.threads:
+                    for mode in modes_for(args, model, threads):
+                        rec, load = run_cell(args, model, layout, threads, mode, cache)
+                        grid[(model, layout, threads, mode)] = rec
+                        records.append({**rec.to_dict(), "load_before": load})
+    print(f"\nwall time {(time.monotonic() - t0) / 60:.1f} min")
+    print_table(grid, args)
+    failed = print_targets(grid, args)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(records, indent=1))
+    return 1 if failed and args.strict else 0
+
+
+def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="convnext_atto,convnext_nano,efficientnet_b0")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--layouts", default="nchw,cl", help="nchw and/or cl (channels-last)")
+    ap.add_argument("--threads", default="1,2", help="torch.set_num_threads per worker")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--compile-models", default="efficientnet_b0,efficientnet_b3")
+    ap.add_argument("--compile-threads", default="2")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--img", type=int, default=224)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=os.cpu_count(),
-                    help="torch.set_num_threads in every worker (default: all cores)")
+    ap.add_argument("--img", type=int, default=160)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: batch 2, 64 px, 1+2 steps, eager+fused, 1 thread, no wait")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
     ap.add_argument("--json", dest="json_out", help="also write the raw records here")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.img, args.warmup, args.steps = 2, 64, 1, 2
+        args.modes, args.threads = "eager,fused", "1"
+    args.models = _names(ap, args.models, MODELS, "--models")
+    args.layouts = _names(ap, args.layouts, LAYOUTS, "--layouts")
+    args.modes = _names(ap, args.modes, MODES, "--modes")
+    args.compile_models = _names(ap, args.compile_models, MODELS, "--compile-models")
+    args.threads = _ints(ap, args.threads, "--threads")
+    args.compile_threads = _ints(ap, args.compile_threads, "--compile-threads")
+    return args
 
-    print(f"train, NCHW float32, batch {args.batch}, {args.img} px, threads {args.threads}, "
-          f"warmup {args.warmup}, steps {args.steps}")
-    rows, records = [], []
-    for model in args.models.split(","):
-        recs = {}
-        for mode in args.modes.split(","):
-            load = wait_quiet()
-            spec = CellSpec(model=model, mode=mode, batch_size=args.batch, img_size=args.img,
-                            warmup=args.warmup, steps=args.steps, threads=args.threads,
-                            timeout=1800.0)
-            rec = run_one(spec, RunOptions(retry_oom=False))
-            recs[mode] = rec
-            records.append({**rec.to_dict(), "load_before": load})
-            st = rec.step_ms
-            print(f"{model:16} {mode:8} {rec.status:8} "
-                  f"{st.median if st else float('nan'):9.1f} ms (IQR {st.iqr if st else 0:6.1f})"
-                  f"  act {(rec.activation_bytes or 0) / 1e6:8.1f} MB  first call "
-                  f"{rec.compile_s or float('nan'):6.1f} s  load {load:.2f}"
-                  f"{'  LOADED' if load > LOAD_WARN else ''}", flush=True)
-        rows.append((model, recs))
 
-    print(f"\n{'model':16} {'eager ms':>9} {'fused ms':>9} {'compile ms':>10} {'fused x':>8} "
-          f"{'compile x':>9} {'act fused/eager':>15} {'act compile/eager':>17} {'compile s':>9}")
-    for model, recs in rows:
-        e, f, c = recs.get("eager"), recs.get("fused"), recs.get("compile")
-        print(f"{model:16} {_ms(e):>9} {_ms(f):>9} {_ms(c):>10} {_ratio(e, f, 'speed'):>8} "
-              f"{_ratio(e, c, 'speed'):>9} {_ratio(f, e, 'act'):>15} {_ratio(c, e, 'act'):>17} "
-              f"{f'{c.compile_s:.1f}' if c and c.compile_s else '-':>9}")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(records, fh, indent=1)
-    return 0
+def _names(ap, text: str, known, flag: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        ap.error(f"{flag}: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
+    return names
+
+
+def _ints(ap, text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1:
+        ap.error(f"{flag}: expected positive integers separated by commas, got {text!r}")
+    return vals
+
+
+def modes_for(args, model: str, threads: int) -> list[str]:
+    return [m for m in args.modes if m != "compile"
+            or (model in args.compile_models and threads in args.compile_threads)]
+
+
+def run_cell(args, model, layout, threads, mode, cache: Path):
+    load = os.getloadavg()[0] if args.quick else wait_quiet()
+    ref, kwargs = MODELS[model]
+    if args.quick:
+        kwargs = QUICK_KWARGS.get(model, kwargs)
+    warm = mode == "compile" and cache.exists()
+    cache.mkdir(parents=True, exist_ok=True)
+    spec = CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
+                              model_kwargs=kwargs, channels_last=LAYOUTS[layout],
+                              warmup=args.warmup, steps=args.steps, threads=threads,
+                              timeout=1800.0, cache_dir=str(cache))
+    rec = run_one(spec, RunOptions(retry_oom=False))
+    rec = rec.replace(extra={**rec.extra, "warm_compile": warm}) if warm else rec
+    st = rec.step_ms
+    comp = (f"{rec.compile_s:6.1f} s{' warm' if warm else ''}" if mode == "compile"
+            and rec.compile_s else "")
+    print(f"{model:17} {layout:4} T{threads} {mode:8} {rec.status:8} "
+          f"{st.median if st else float('nan'):9.1f} ms (IQR {st.iqr if st else 0:6.1f})  "
+          f"act {(rec.activation_bytes or 0) / 1e6:8.1f} MB  {_correct(rec):7} "
+          f"load {load:5.2f}{'  LOADED' if load > LOAD_WARN else ''}  {comp}"
+          + (f"  {rec.error.message[:80]}" if rec.error else ""), flush=True)
+    return rec, load
 
 
 def wait_quiet() -> float:
@@ -85,21 +186,82 @@ def wait_quiet() -> float:
 
 
 def _ok(r) -> bool:
-    return bool(r) and r.status == "ok" and r.step_ms is not None
+    return r is not None and r.status == "ok" and r.step_ms is not None
+
+
+def _correct(r) -> str:
+    if r is None or r.correctness is None:
+        return "-"
+    return "ok" if r.correctness.passed else "WRONG"
+
+
+def ratio(grid, key, what: str) -> float | None:
+    """fused vs the other mode for one (model, layout, threads): speed = other ms / fused ms
+    (> 1: fused faster), act = fused bytes / eager bytes, correct = 1.0 / 0.0."""
+    f = grid.get((*key, "fused"))
+    if what == "correct":
+        return None if f is None or f.correctness is None else float(f.correctness.passed)
+    other = grid.get((*key, "compile" if what == "speed_compile" else "eager"))
+    if not _ok(f) or not _ok(other):
+        return None
+    if what == "act":
+        if not f.activation_bytes or not other.activation_bytes:
+            return None
+        return f.activation_bytes / other.activation_bytes
+    return other.step_ms.median / f.step_ms.median
+
+
+def verdict(target: Target, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    ok = value >= target.bound if target.op == ">=" else value <= target.bound
+    return "PASS" if ok else "FAIL"
+
+
+def _keys(grid):
+    return sorted({k[:3] for k in grid}, key=lambda k: (list(MODELS).index(k[0]), k[1], k[2]))
+
+
+def print_table(grid, args) -> None:
+    print(f"\n{'model':17} {'lay':4} {'T':>2} {'eager ms':>9} {'fused ms':>9} {'compile ms':>10} "
+          f"{'fused/eager':>11} {'fused/compile':>13} {'act f/e':>8} {'compile s':>10}")
+    for key in _keys(grid):
+        e, f, c = (grid.get((*key, m)) for m in MODES)
+        cs = f"{c.compile_s:.0f}{' warm' if c.extra.get('warm_compile') else ''}" \
+            if c is not None and c.compile_s else "-"
+        print(f"{key[0]:17} {key[1]:4} {key[2]:>2} {_ms(e):>9} {_ms(f):>9} {_ms(c):>10} "
+              f"{_x(ratio(grid, key, 'speed_eager')):>11} "
+              f"{_x(ratio(grid, key, 'speed_compile')):>13} {_x(ratio(grid, key, 'act')):>8} "
+              f"{cs:>10}")
+
+
+def print_targets(grid, args) -> int:
+    """One line per target and (model, layout, threads); returns the number of FAILs."""
+    print("\ntargets (issue 15.2):")
+    failed = 0
+    for key in _keys(grid):
+        for t in TARGETS:
+            if not key[0].startswith(t.families):
+                continue
+            v = ratio(grid, key, t.what)
+            res = verdict(t, v)
+            failed += res == "FAIL"
+            shown = ("ok" if v else "WRONG") if t.what == "correct" and v is not None else _x(v)
+            bound = "" if t.what == "correct" else f" (target {t.op} {t.bound:.2f}x)"
+            print(f"  {res:4}  {key[0]:17} {key[1]:4} T{key[2]}  {t.name:22} {shown}{bound}")
+    return failed
+
+
+def _join(items) -> str:
+    return ",".join(map(str, items))
 
 
 def _ms(r) -> str:
     return f"{r.step_ms.median:.1f}" if _ok(r) else "-"
 
 
-def _ratio(a, b, what: str) -> str:
-    if not _ok(a) or not _ok(b):
-        return "-"
-    if what == "speed":            # a / b steady-state median: > 1 means b is faster
-        return f"{a.step_ms.median / b.step_ms.median:.2f}x"
-    if not a.activation_bytes or not b.activation_bytes:
-        return "-"
-    return f"{a.activation_bytes / b.activation_bytes:.2f}x"
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
-              "LN2dFunctionBackward", "LN2dTritonFunctionBackward"}
+              "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
+              "LN2dCpuFunctionBackward"}
 IMAGE = (2, 3, 32, 32)
 
 

@@ -287,3 +287,18 @@ def test_cpu_kernel_runs_inside_torchscript():
     assert "fusebench::ln2d_cpu_forward" in str(scripted.inlined_graph)
     x = torch.randn(2, 8, 5, 7)
     assert_close(run_and_compare(lambda x, w, b, eps: scripted(x, w, b), x), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("layout, clo", [("nchw", False), ("nchw", True), ("channels_last", False)])
+def test_cpu_function_matches_reference(layout, clo):
+    """The autograd.Function the fuser binds (no custom-op dispatch): same kernel, same maths."""
+    _impl("cpu")
+    x = torch.randn(2, 96, 7, 9, generator=torch.Generator().manual_seed(3))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    fn = lambda x, w, b, eps: cpu.ln2d_cpu_function(x, w, b, eps, clo)  # noqa: E731
+    assert_close(run_and_compare(fn, x), 1e-4)
+    w = torch.ones(96, dtype=torch.float64)
+    y = cpu.ln2d_cpu_function(x.double().requires_grad_(), w, torch.zeros_like(w), 1e-6, clo)
+    assert y.grad_fn.name() == "LN2dCpuFunctionBackward"
+    assert y.is_contiguous(memory_format=torch.channels_last) == (clo or layout == "channels_last")

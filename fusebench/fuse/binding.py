@@ -18,6 +18,7 @@ from fusebench.kernels import get_impl
 from fusebench.kernels.act import cpu as act_cpu
 from fusebench.kernels.act import triton as act_triton
 from fusebench.kernels.ln2d import auto as ln2d_auto
+from fusebench.kernels.ln2d import cpu as ln2d_cpu
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,9 @@ def _bind_one(family: str, name: str, device: str, notes: list) -> Pure:
 def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
     """The impl ln2d `auto` means here (cpu / triton), or `function` with a kernel_fallback note.
 
-    cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel with channels_last_out=True:
+    cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel (as cpu.LN2dCpuFunction:
+    the custom op's per-call dispatch cost as much as the kernel at small shapes) with
+    channels_last_out=True:
     y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp 1x1
     convs after it run oneDNN's faster NHWC path. A channels-last x (everything after the first
     LN) runs aten's layer_norm over the free NHWC view, which beats the C++ kernel's
@@ -121,9 +124,10 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
                                          f"ran '{ln2d_auto.FALLBACK}' instead"))
         return ln2d_auto.FALLBACK, get_impl("ln2d", ln2d_auto.FALLBACK).fn
     fn = get_impl("ln2d", name).fn
-    if name == "cpu":
+    if name == "cpu":   # the kernel as an autograd.Function: no custom-op dispatch per call
         name, fn = "cpu|channels_last", _ln2d_by_layout(
-            functools.partial(fn, channels_last_out=True), get_impl("ln2d", "channels_last").fn)
+            functools.partial(ln2d_cpu.ln2d_cpu_function, channels_last_out=True),
+            get_impl("ln2d", "channels_last").fn)
     notes.append(("info", f"ln2d: kernel = '{name}'"))
     return name, fn
 

@@ -101,3 +101,28 @@ def ln2d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: flo
     torch.ops), so the torchscript mode runs the kernel rather than failing on the wrapper."""
     _check(x)
     return torch.ops.fusebench.ln2d_cpu_forward(x, weight, bias, float(eps), channels_last_out)[0]
+
+
+class LN2dCpuFunction(torch.autograd.Function):
+    """The same kernel pair as ln2d_cpu without the custom op's dispatch: for eager callers
+    (the fuser binds it), where the op's per-call Python dispatch measured 0.05-0.3 ms per
+    fwd+bwd (benchmarks/ln2d_channels_last.py, `cpu` vs `cpu_fn`), as much as the kernel at
+    ConvNeXt's late-stage shapes. Saves what the op saves: x, weight, mean, rstd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, channels_last_out):
+        _check(x)
+        y, mean, rstd = extension().forward(x, weight, bias, float(eps), channels_last_out)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = extension().backward(dy, x, mean, rstd, weight)
+        return dx, dw, db, None, None
+
+
+def ln2d_cpu_function(x, weight, bias, eps, channels_last_out=False):
+    """ln2d_cpu as an autograd.Function (eager only: aot/compile/script need the custom op)."""
+    return LN2dCpuFunction.apply(x, weight, bias, eps, channels_last_out)

@@ -1,0 +1,103 @@
+"""Where a train step's time goes: eager vs fused, per-op self CPU time under torch.profiler.
+
+    python benchmarks/fused_profile.py             # efficientnet_b0, channels-last, b8, 160 px
+    python benchmarks/fused_profile.py --model convnext_atto --nchw --top 20 --threads 1
+
+One process builds the model twice from the same seed (eager, and rewritten by `fuse(model,
+"train")`), warms both up, then profiles `--steps` train steps of each (zero_grad, forward,
+cross-entropy, backward), alternating eager and fused step by step so load that comes and goes
+hits both alike. Prints the top ops by self CPU time of each mode side by side: ms per step and
+share of the step's total self time (the shares are what to read on a busy machine), then the
+profiled step totals and the 1-minute load average."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+
+from fusebench.fuse import fuse
+from fusebench.models import create_model
+
+
+def build(name: str, channels_last: bool, fused: bool) -> nn.Module:
+    torch.manual_seed(0)
+    model = create_model(name).train()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return fuse(model, "train", "cpu").model if fused else model
+
+
+def step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(x), target).backward()
+
+
+def self_times(prof) -> dict[str, float]:
+    """op name -> total self CPU time in ms over the profiled steps."""
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
+
+
+def profile_both(args) -> dict[str, dict[str, float]]:
+    x = torch.randn(args.batch, 3, args.img, args.img)
+    if not args.nchw:
+        x = x.contiguous(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
+    models = {"eager": build(args.model, not args.nchw, False),
+              "fused": build(args.model, not args.nchw, True)}
+    for _ in range(args.warmup):
+        for m in models.values():
+            step(m, x, target)
+    acc: dict[str, dict[str, float]] = {name: {} for name in models}
+    for _ in range(args.steps):
+        for name, m in models.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:   # one per step and mode
+                step(m, x, target)
+            for k, v in self_times(prof).items():
+                acc[name][k] = acc[name].get(k, 0.0) + v / args.steps
+    return acc
+
+
+def print_table(times: dict[str, dict[str, float]], top: int) -> None:
+    totals = {m: sum(t.values()) for m, t in times.items()}
+    rows = {m: sorted(t.items(), key=lambda kv: -kv[1])[:top] for m, t in times.items()}
+    w = max(len(k) for r in rows.values() for k, _ in r)
+    print(f"{'#':>2}  {'eager op':{w}} {'ms':>7} {'share':>6}   {'fused op':{w}} {'ms':>7} "
+          f"{'share':>6}")
+    for i in range(top):
+        cells = []
+        for m in ("eager", "fused"):
+            k, v = rows[m][i] if i < len(rows[m]) else ("", 0.0)
+            cells.append(f"{k:{w}} {v:7.1f} {100 * v / totals[m]:5.1f}%" if k else " " * (w + 15))
+        print(f"{i + 1:>2}  {cells[0]}   {cells[1]}")
+    print(f"    {'total self CPU / step':{w}} {totals['eager']:7.1f} {'':6}   "
+          f"{'':{w}} {totals['fused']:7.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="efficientnet_b0")
+    ap.add_argument("--nchw", action="store_true", help="NCHW input (default channels-last)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--img", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]
+    times = profile_both(args)
+    print(f"{args.model}, train, float32, {'NCHW' if args.nchw else 'channels-last'}, batch "
+          f"{args.batch}, {args.img} px, threads {args.threads}, mean of {args.steps} profiled "
+          f"steps per mode (interleaved); load {load0:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end")
+    print_table(times, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
