@@ -1,7 +1,7 @@
 """Why fusebench's medians came out 10-20% above torch.utils.benchmark.Timer's on the same step
 (issue 13.6): the same step timed by both, side by side, with what each step cost the process
 besides wall time (page faults, context switches, CPU time: counts a busy machine does not
-change, measure/rusage.py).
+change, measure/rusage.py; and, in the reference process, gc collections).
 
 Rows, interleaved round by round:
   fb/fork      the cell through the real launcher, forked from the fork server: the worker's
@@ -12,6 +12,7 @@ Rows, interleaved round by round:
   same/timer   Timer.blocked_autorange (gc off while timing, as timeit does)
   same/loop    fusebench's loop (measure/timer.time_steps, gc on), as the worker runs it
   same/nogc    the same loop with gc off
+  same/timer1  (--threads other than 1) Timer at its default num_threads=1
   each first under glibc's default malloc thresholds (`/default`), then after fusebench's
   pin_malloc (`/pinned`, what a model cell does after its build).
 
@@ -36,6 +37,7 @@ import time
 
 REFERENCE = r'''
 import gc, json, statistics, sys
+import torch
 from torch.utils.benchmark import Timer
 from fusebench.cell import model_cell
 from fusebench.cell.model_step import Step
@@ -51,25 +53,33 @@ set_threads(spec.threads)
 b = model_cell._build(spec, Reporter.of(lambda p: None))
 step = Step(b.model, b.model, b.inputs.args, b.loss, True, b.autocast, b.opt)
 
-def timer():
+def collections():
+    return sum(g["collections"] for g in gc.get_stats())
+
+def timer(threads=None):
     calls = [0]
     def counted():
         calls[0] += 1
         step()
-    t = Timer("f()", globals={"f": counted}, num_threads=spec.threads or 1)
+    t = Timer("f()", globals={"f": counted},
+              num_threads=threads or spec.threads or torch.get_num_threads())
+    g0 = collections()
     with UsageWindow() as u:
         m = t.blocked_autorange(min_run_time=a["min_run_time"])
-    return m.median * 1e3, u.result(calls[0])
+    return m.median * 1e3, {**u.result(calls[0]), "gc": (collections() - g0) / calls[0]}
 
 def loop(gc_on):
     was = gc.isenabled()
     gc.enable() if gc_on else gc.disable()
+    g0 = collections()
     with UsageWindow() as u:
         ms = time_steps(step, a["steps"], "cpu")
     gc.enable() if was else gc.disable()
-    return statistics.median(ms), u.result(len(ms))
+    return statistics.median(ms), {**u.result(len(ms)), "gc": (collections() - g0) / len(ms)}
 
 VARIANTS = {"timer": timer, "loop": lambda: loop(True), "nogc": lambda: loop(False)}
+if spec.threads != 1:      # what a Timer left at its defaults measures: num_threads=1
+    VARIANTS["timer1"] = lambda: timer(threads=1)
 out = {}
 for alloc in ("default", "pinned"):
     if alloc == "pinned":
@@ -82,7 +92,8 @@ for alloc in ("default", "pinned"):
 print(json.dumps(out))
 '''
 
-COUNTS = ("cpu_ms", "minflt", "majflt", "thread_nvcsw", "thread_nivcsw", "nvcsw", "nivcsw")
+COUNTS = ("cpu_ms", "minflt", "majflt", "thread_nvcsw", "thread_nivcsw", "nvcsw", "nivcsw",
+          "gc")
 BASE = "same/timer/pinned"
 
 
@@ -92,7 +103,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--model", default="convnext_atto")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--img", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="0: fusebench's default (torch's: all cores); adds same/timer1, a "
+                         "Timer at its own default num_threads=1")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--inner", type=int, default=2, help="A,B,C repeats inside the reference")
@@ -103,8 +116,8 @@ def _args() -> argparse.Namespace:
 def _spec(a):
     from fusebench.spec import CellSpec
     return CellSpec.for_model(a.model, "eager", batch_size=a.batch, img_size=a.img,
-                              check=False, warmup=a.warmup, steps=a.steps, threads=a.threads,
-                              seed=0)
+                              check=False, warmup=a.warmup, steps=a.steps,
+                              threads=a.threads or None, seed=0)
 
 
 def _harness_cpu_s() -> float:
@@ -172,8 +185,9 @@ def _summary(rows: dict[str, list[list]], ratios: dict[str, list[float]]) -> Non
 def main() -> int:
     a = _args()
     load = lambda: "load " + ", ".join(f"{x:.2f}" for x in os.getloadavg())   # noqa: E731
-    print(f"{a.model} eager train b{a.batch} {a.img}px, {a.threads} thread(s), {a.rounds} "
-          f"rounds; {load()}")
+    threads = (f"{a.threads} thread(s)" if a.threads
+               else f"torch's default threads ({os.cpu_count()})")
+    print(f"{a.model} eager train b{a.batch} {a.img}px, {threads}, {a.rounds} rounds; {load()}")
     rows: dict[str, list[list]] = {}
     ratios: dict[str, list[float]] = {}
     for r in range(a.rounds):

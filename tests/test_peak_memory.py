@@ -78,8 +78,8 @@ def test_cuda_peak_is_the_allocator_peak_of_the_window_less_the_harness(monkeypa
 
 def test_the_check_runs_outside_both_memory_windows(monkeypatch):
     """The order of a cell, whatever the device (CUDA runs the same calls on its allocator):
-    reset (a reset_peak) -> first call -> its peak -> check (aside) -> settle -> warm-up -> reset_peak ->
-    timed steps -> peak -> steady check."""
+    reset (a reset_peak) -> first call -> its peak -> check (aside) -> settle -> warm-up ->
+    reset_peak -> timed steps -> peak -> steady check."""
     from fusebench.cell import model_cell, model_check, model_step
     from fusebench.spec import CellSpec
     from tests.helpers import TINY
@@ -114,8 +114,9 @@ def test_the_check_runs_outside_both_memory_windows(monkeypatch):
     spec = CellSpec.for_model(TINY, "aot", batch_size=2, warmup=2, steps=3, threads=1)
     rec = model_cell.run_cell(spec, lambda phase: None)
     assert rec.status == "ok", rec.error
-    assert log == ["reset", "reset_peak", "peak", "aside{", "check:first", "}", "settle", "step", "step",
-                   "reset_peak", "step", "step", "step", "peak", "check:steady"], log
+    assert log == ["reset", "reset_peak", "peak", "aside{", "check:first", "}", "settle",
+                   "step", "step", "reset_peak", "step", "step", "step", "peak",
+                   "check:steady"], log
 
 
 def test_pin_malloc_is_harmless_to_call_twice():
