@@ -173,8 +173,11 @@ class PeakMemory:
         run on the main thread, they left that heap's layout different from a --no-check run's
         and the timed peak of the same aot convnext_atto cell read 60.0-64.3 MB with the check
         against 60.0-61.3 MB without. The CUDA allocator is shared by threads: same peak rule."""
+        def on_device():               # a new thread's current CUDA device is device 0
+            with torch.cuda.device(self.device):
+                return fn()
         with self.excluded(), self._trimming():
-            return _in_own_thread(fn)
+            return _in_own_thread(on_device if self.device.type == "cuda" else fn)
 
     @contextlib.contextmanager
     def _trimming(self):
