@@ -138,7 +138,7 @@ def _first_call(b: Built, mode, events: EventLog, mem: PeakMemory) -> FirstCall:
     if b.ref is None:
         return FirstCall(step, None, seconds, peak)
     # Not cloned: the check runs before any other step can overwrite them, and copies made on
-    # this heap left holes the timed steps' allocations then fell into (the peak moved ~5%).
+    # this heap left holes the timed steps' allocations then fell into (the peak moved ~3%).
     grads = b.dist.full_grads(b.model) if b.dist and b.train else res.grads
     return FirstCall(step, res if grads is res.grads else corr.StepResult(res.out, grads),
                      seconds, peak)
