@@ -159,8 +159,12 @@ def _peak(monkeypatch, fork_server: bool, check: bool) -> int:
 
 @pytest.mark.slow
 def test_same_peak_with_or_without_the_check_and_the_fork_server(monkeypatch):
-    """Single runs, no median: before, the float64 check's blocks reshaped the heap the timed
-    steps used (up to +7%), and a forked worker counted ~5 MB of libtorch code (~10%)."""
-    peaks = {(fs, check): _peak(monkeypatch, fs, check)
-             for fs, check in itertools.product((True, False), (True, False))}
+    """Before, the float64 check's blocks reshaped the heap the timed steps used (up to +7%),
+    and a forked worker counted ~5 MB of libtorch code (~10%). Two runs per combination, the
+    smaller kept (heap fragmentation only adds): single runs passed 3 times in 4 at load 8."""
+    combos = list(itertools.product((True, False), (True, False))) * 2
+    peaks: dict[tuple, int] = {}
+    for fs, check in combos:
+        got = _peak(monkeypatch, fs, check)
+        peaks[fs, check] = min(got, peaks.get((fs, check), got))
     assert max(peaks.values()) <= 1.05 * min(peaks.values()), peaks
