@@ -8,8 +8,10 @@ correctness reference runs between the two windows, so it is in neither.
 
 extra written here: first_call_s, input_shape ([C, H, W], or one shape per arg), inputs (dtype
 and shape of each arg, models with their own example_inputs), tflops,
-peak_mem_first_call_bytes, peak_mem_total_bytes, contention (measure/contention.py fields over
-the timed steps; gpu_processes on CUDA), correctness_reference (per check: reference
+peak_mem_first_call_bytes, peak_mem_total_bytes, peak_mem_harness_bytes (left by the check
+between the windows, taken out of the timed peak), contention (measure/contention.py fields over
+the timed steps; gpu_processes on CUDA), rusage (measure/rusage.py: faults, context switches
+and CPU ms per timed step), correctness_reference (per check: reference
 dtype, tol_out, tol_grad), GPU telemetry, timing (measure/timer.py StepCount: how many timed
 steps and why) and warmup_ms (the timed warm-up steps). The worker adds `threads`."""
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fusebench.measure import correctness as corr
 from fusebench.measure.contention import CpuWindow, describe, gpu_other_processes, is_contended
 from fusebench.measure.events import EventLog
 from fusebench.measure.memory import PeakMemory, SavedTensorBytes
+from fusebench.measure.rusage import UsageWindow
 from fusebench.measure.telemetry import GpuTelemetry
 from fusebench.measure.timer import time_budgeted, time_call, time_steps
 from fusebench.models import inputs as model_inputs
@@ -62,7 +65,7 @@ class Built:
 @dataclass
 class FirstCall:
     step: Step
-    result: corr.StepResult | None   # kept (cloned) only when a check needs it
+    result: corr.StepResult | None   # kept only when a check needs it, until that check
     seconds: float
     peak: int | None
 
@@ -71,6 +74,7 @@ class FirstCall:
 class Timed:
     samples: list[float]
     peak: int | None
+    harness: int            # bytes the check left between the windows, not in `peak`
     extra: dict             # telemetry, contention, timing (how many steps and why), warmup_ms
 
 
@@ -133,13 +137,11 @@ def _first_call(b: Built, mode, events: EventLog, mem: PeakMemory) -> FirstCall:
     peak = mem.peak()
     if b.ref is None:
         return FirstCall(step, None, seconds, peak)
+    # Not cloned: the check runs before any other step can overwrite them, and copies made on
+    # this heap left holes the timed steps' allocations then fell into (the peak moved ~3%).
     grads = b.dist.full_grads(b.model) if b.dist and b.train else res.grads
-    return FirstCall(step, corr.StepResult(res.out.clone(), _clone(grads)), seconds, peak)
-
-
-def _clone(grads):
-    return None if grads is None else {k: (v.clone() if v is not None else None)
-                                       for k, v in grads.items()}
+    return FirstCall(step, res if grads is res.grads else corr.StepResult(res.out, grads),
+                     seconds, peak)
 
 
 def _steady_result(b: Built, step: Step) -> tuple[dict, corr.StepResult]:
@@ -171,12 +173,14 @@ def _warmup_and_time(step: Step, spec: CellSpec, phase: Reporter, around_timing:
 @contextlib.contextmanager
 def _timing_window(spec: CellSpec, mem: PeakMemory, out: dict) -> Iterator[None]:
     """What is measured around the timed steps, besides their times: the memory peak of these
-    steps alone, other processes' CPU use, NVML telemetry (GPU only; no NVML -> no fields)."""
+    steps alone, other processes' CPU use, this process's faults, context switches and CPU
+    time per step, NVML telemetry (GPU only; no NVML -> no fields)."""
     mem.reset_peak()
-    with CpuWindow() as window, GpuTelemetry(spec.device) as telemetry:
+    with CpuWindow() as window, GpuTelemetry(spec.device) as telemetry, UsageWindow() as usage:
         yield
     out["peak"] = mem.peak()
     out["contention"] = window.result(threads=torch.get_num_threads())
+    out["rusage"] = usage.result(out["n"])
     out["telemetry"] = telemetry.result(samples=spec.samples_per_step * out["n"]) or {}
 
 
@@ -185,7 +189,7 @@ def _timed(b: Built, step: Step, mem: PeakMemory, phase: Reporter, events: Event
     samples = _warmup_and_time(step, b.spec, phase,
                                lambda: _timing_window(b.spec, mem, measured), measured)
     extra = {**measured["telemetry"], "timing": measured["timing"],
-             "warmup_ms": measured["warmup_ms"]}
+             "warmup_ms": measured["warmup_ms"], "rusage": measured["rusage"]}
     contention = measured["contention"]
     if contention is not None:
         if torch.device(b.spec.device).type == "cuda":
@@ -194,7 +198,7 @@ def _timed(b: Built, step: Step, mem: PeakMemory, phase: Reporter, events: Event
         extra["contention"] = contention
         if is_contended(contention):
             events.add("contention", "fusebench", describe(contention))
-    return Timed(samples, measured["peak"], extra)
+    return Timed(samples, measured["peak"], mem.harness, extra)
 
 
 def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
@@ -218,9 +222,11 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         checks = []
         if b.ref:
             phase("check")
-            with mem.excluded():     # what the float64 run leaves is not the mode's memory
-                checks.append(b.ref.check("first", first.result, b.ref.init_state, first.peak))
+            # what the float64 run leaves is not the mode's memory, nor is its heap layout
+            checks.append(mem.aside(lambda: b.ref.check("first", first.result,
+                                                        b.ref.init_state, first.peak)))
         step, first.result = first.step, None        # nothing of the check lives through timing
+        mem.settle()
         timed = _timed(b, step, mem, phase, events)
         if b.ref:
             phase("check")
@@ -242,7 +248,7 @@ def _record(b: Built, step: Step, first: FirstCall, timed: Timed, checks: list,
     batch = b.spec.model.batch_size
     extra = {"first_call_s": first.seconds, "input_shape": b.inputs.shapes(),
              "tflops": step_gflop / (stats.median / 1e3) / 1e3 if step_gflop else None,
-             "peak_mem_first_call_bytes": first.peak,
+             "peak_mem_first_call_bytes": first.peak, "peak_mem_harness_bytes": timed.harness,
              "peak_mem_total_bytes": PeakMemory(b.spec.device).total_peak(), **timed.extra}
     if b.inputs.image_size is None:
         extra["inputs"] = b.inputs.describe()
