@@ -119,7 +119,7 @@ def main() -> None:
         shapes += [s for s in dw_shapes(name, args.batch, args.size) if s not in shapes]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}; aten time / ours (> 1: ours faster)")
-    print(f"{'N  C   H   W  K S':22s} {'layout':6s} {'fwd':>6s} {'dx':>6s} {'dw':>6s} {'bwd':>6s} {'mix':>6s}")
+    print(f"{'N  C   H   W  K S':22s} {'layout':6s} " + " ".join(f"{op:>6s}" for op in ATEN))
     rows = []
     for shape in shapes:
         for lay in args.layouts.split(","):
