@@ -48,9 +48,10 @@ ASSETS = {
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
-    "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), {"bn_act": 9, "se_gate": 4}),
+    "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),),
+                        {"bn_act": 9, "se_gate": 4, "dwconv": 4}),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
-                                       {"bn_act": 9, "se_gate": 4}),
+                                       {"bn_act": 9, "se_gate": 4, "dwconv": 4}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries

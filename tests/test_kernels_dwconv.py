@@ -1,5 +1,6 @@
-"""The depthwise conv backward kernel (kernels.dwconv) against a float64 reference, and its
-fusion: the C++ backward really runs, and bad input is refused or said."""
+"""The depthwise conv kernel (kernels.dwconv: forward, grad input, grad weight) against float64
+aten, and its fusion: the C++ passes really run where the rule takes them, aten's elsewhere with
+a reason, and bad input is refused or said."""
 import warnings
 
 import pytest
@@ -7,9 +8,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusebench.kernels.dwconv import cpu
 from fusebench.fuse import fuse
+from fusebench.fuse.fusions import dwconv as dwconv_fusion
 from fusebench.fuse.fusions.dwconv import FusedDepthwiseConv
+from fusebench.kernels.dwconv import cpu
+from fusebench.kernels.dwconv.cpu import ALL, Passes
+from tests.helpers import autograd_nodes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,17 +23,21 @@ def built():
         pytest.skip(reason)
 
 
-def _errs(x, w, b, dy):
+def _errs(x, w, b, stride, passes=ALL):
     """Relative max errors of (y, dx, dw, db) of the kernel (x's dtype) vs float64 aten."""
+    k = w.shape[-1]
+    f64 = lambda t: t.to(torch.float64, copy=True).requires_grad_()   # noqa: E731  (a copy)
+    xr, wr = f64(x), f64(w)
+    br = f64(b) if b is not None else None
+    yr = F.conv2d(xr, wr, br, stride, k // 2, 1, w.shape[0])
+    dy = torch.randn(yr.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    yr.backward(dy.double())
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     bg = b.clone().requires_grad_() if b is not None else None
-    y = cpu.dwconv_cpu(xg, wg, bg)
+    y = cpu.dwconv_cpu(xg, wg, bg, stride, passes)
+    fmt = torch.channels_last if cpu.is_channels_last(x) else torch.contiguous_format
+    assert y.is_contiguous(memory_format=fmt)                  # the caller's layout back
     y.backward(dy)
-    k = w.shape[-1]
-    xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-    br = b.double().requires_grad_() if b is not None else None
-    yr = F.conv2d(xr, wr, br, padding=k // 2, groups=w.shape[0])
-    yr.backward(dy.double())
     pairs = [(y, yr), (xg.grad, xr.grad), (wg.grad, wr.grad)]
     if b is not None:
         pairs.append((bg.grad, br.grad))
@@ -37,47 +45,65 @@ def _errs(x, w, b, dy):
             for a, r in pairs]
 
 
-# C: a full vector, a half vector and single lanes (16 / 8 / 1 floats); H, W smaller and larger
-# than the kernel; W not a multiple of the 8- and 4-position register blocks
-SHAPES = [(2, 40, 13, 11, 7), (1, 5, 9, 9, 5), (2, 17, 3, 2, 7), (1, 25, 6, 19, 5),
-          (3, 1, 7, 7, 7)]
+def _inputs(shape, k, layout, dtype, bias):
+    n, c, h, w_ = shape
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, c, h, w_, generator=g, dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = 0.2 * torch.randn(c, 1, k, k, generator=g, dtype=dtype)
+    return x, w, (torch.randn(c, generator=g, dtype=dtype) if bias else None)
+
+
+# C: two full 16-float vectors + a half + single lanes (41), 8 + lanes (9), one lane; H, W
+# smaller than the kernel, odd / even (stride-2 phases), W past the 4-output register block
+SHAPES = [(2, 41, 11, 13), (1, 9, 6, 5), (2, 1, 3, 2), (1, 17, 1, 9)]
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("k", cpu.SIZES)
+@pytest.mark.parametrize("stride", cpu.STRIDES)
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_matches_float64_reference(shape, k, stride, layout, dtype):
+    x, w, b = _inputs(shape, k, layout, dtype, bias=True)
+    errs = _errs(x, w, b, stride)
+    assert max(errs) < TOL[dtype], errs
+
+
+@pytest.mark.parametrize("passes", [Passes(False, False, True), Passes(False, True, False),
+                                    Passes(True, False, False)], ids=str)
 @pytest.mark.parametrize("bias", [True, False])
-def test_matches_float64_reference(shape, layout, bias):
-    n, c, h, w_, k = shape
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, c, h, w_, generator=g)
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    w = 0.2 * torch.randn(c, 1, k, k, generator=g)
-    b = torch.randn(c, generator=g) if bias else None
-    dy = torch.randn(n, c, h, w_, generator=g)
-    errs = _errs(x, w, b, dy)
-    assert max(errs) < 1e-5, errs
+def test_each_pass_alone_matches(passes, bias):
+    """The fusion mixes our passes with aten's: every split gives the same gradients."""
+    x, w, b = _inputs((2, 9, 7, 6), 3, "channels_last", torch.float32, bias)
+    assert max(_errs(x, w, b, 2, passes)) < 1e-5
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (5, 2), (7, 1)])
+def test_gradcheck_float64(k, stride):
     g = torch.Generator().manual_seed(0)
-    for (n, c, h, w_, k) in [(1, 3, 4, 5, 7), (2, 2, 5, 3, 5)]:
-        x = torch.randn(n, c, h, w_, dtype=torch.float64, generator=g, requires_grad=True)
-        w = torch.randn(c, 1, k, k, dtype=torch.float64, generator=g, requires_grad=True)
-        b = torch.randn(c, dtype=torch.float64, generator=g, requires_grad=True)
-        assert torch.autograd.gradcheck(cpu.dwconv_cpu, (x, w, b))
+    x = torch.randn(1, 3, 5, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(3, 1, k, k, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: cpu.dwconv_cpu(*a, stride), (x, w, b))
 
 
 @pytest.mark.parametrize("conv, reason", [
-    (nn.Conv2d(8, 8, 3, padding=1, groups=8), "kernel"),
+    (nn.Conv2d(8, 8, 4, padding=2, groups=8), "kernel"),
     (nn.Conv2d(8, 8, 7, padding=3, groups=4), "not depthwise"),
-    (nn.Conv2d(8, 8, 7, padding=3, groups=8, stride=2), "stride"),
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8, stride=3), "stride"),
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8, stride=(1, 2)), "stride"),
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8, dilation=2), "dilation"),
     (nn.Conv2d(8, 8, 7, padding=2, groups=8), "padding"),
     (nn.Conv2d(8, 8, 7, padding=3, groups=8, padding_mode="reflect"), "padding"),
 ])
 def test_supports_says_why_not(conv, reason):
     assert reason in cpu.supports(conv)
-    assert cpu.supports(nn.Conv2d(8, 8, 7, padding=3, groups=8)) == ""
+    for k in cpu.SIZES:
+        for s in cpu.STRIDES:
+            assert cpu.supports(nn.Conv2d(8, 8, k, s, padding=k // 2, groups=8)) == ""
 
 
 def test_unsupported_dtype_is_a_clear_error():
@@ -86,12 +112,48 @@ def test_unsupported_dtype_is_a_clear_error():
         cpu.dwconv_cpu(x, torch.randn(4, 1, 7, 7, dtype=torch.bfloat16), None)
 
 
-def test_fused_module_runs_the_kernel_and_says_when_it_cannot():
-    model = nn.Sequential(nn.Conv2d(6, 6, 7, padding=3, groups=6), nn.Conv2d(6, 6, 1))
+def _ran_ours(y) -> bool:
+    return any(n.name() == "DwConvCpuFunctionBackward" for n in autograd_nodes(y))
+
+
+@pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)])
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+def test_fused_module_runs_the_kernel(k, stride, layout):
+    """EfficientNet's convs (3x3/5x5, stride 1/2) and ConvNeXt's 7x7: fused, and at a small
+    shape our grad weight runs in both layouts; gradients match the unfused model."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(6, 6, k, stride, padding=k // 2, groups=6), nn.Conv2d(6, 4, 1))
+    model = nn.Sequential(*(nn.Conv2d(6, 6, k, stride, k // 2, groups=6), nn.Conv2d(6, 4, 1)))
+    model.load_state_dict(ref.state_dict())
     res = fuse(model, "train")
     assert res.sites == {"dwconv": 1} and isinstance(model[0], FusedDepthwiseConv)
-    y = model(torch.randn(2, 6, 9, 9))
-    assert y.grad_fn.next_functions[0][0].name() == "DwConvCpuFunctionBackward"
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(2, 6, 9, 9).contiguous(memory_format=fmt)
+    y, yr = model(x), ref(x)
+    assert _ran_ours(y)
+    y.sum().backward(), yr.sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_aten_kept_where_measured_faster_and_said():
+    """NCHW 3x3 above SMALL_HW pixels: aten's conv runs, with a warning (an event in a cell)."""
+    dwconv_fusion.passes_for.cache_clear()
+    model = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, groups=2))
+    fuse(model, "train")
+    side = int(dwconv_fusion.SMALL_HW ** 0.5) + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = model(torch.randn(1, 2, side, side, requires_grad=True))
+    assert not _ran_ours(y)
+    assert any("aten's depthwise conv kept for NCHW 3x3" in str(w.message) for w in caught)
+    y = model(torch.randn(1, 2, side, side).contiguous(memory_format=torch.channels_last))
+    assert _ran_ours(y)
+
+
+def test_fused_module_says_when_it_cannot_run_the_kernel():
+    model = nn.Sequential(nn.Conv2d(6, 6, 7, padding=3, groups=6))
+    fuse(model, "train")
     model[0].weight.data = model[0].weight.data.bfloat16()
     model[0].bias.data = model[0].bias.data.bfloat16()
     with warnings.catch_warnings(record=True) as caught:
@@ -99,6 +161,13 @@ def test_fused_module_runs_the_kernel_and_says_when_it_cannot():
         out = model[0](torch.randn(2, 6, 9, 9, dtype=torch.bfloat16))
     assert out.dtype == torch.bfloat16
     assert any("ran aten's depthwise conv instead" in str(w.message) for w in caught)
+
+
+def test_unsupported_depthwise_conv_is_an_event():
+    model = nn.Sequential(nn.Conv2d(6, 6, 3, stride=3, padding=1, groups=6))
+    res = fuse(model, "train")
+    assert "dwconv" not in res.sites
+    assert any(c == "not_fused" and "dwconv" in m and "stride" in m for c, m in res.notes)
 
 
 def test_not_fused_for_inference_or_cuda():
@@ -111,13 +180,14 @@ def test_dwconv_is_a_registered_kernel_family():
     """`fusebench kernel dwconv` / `list kernels` / `env` see it: impls and a problem whose
     float64 reference is what the eager impl computes."""
     from fusebench.kernels import families, get_impl, get_problem, list_impls
-    assert "dwconv" in families() and list_impls("dwconv") == ["cpu", "eager"]
+    assert "dwconv" in families() and list_impls("dwconv")[:2] == ["cpu", "eager"]
     problem = get_problem("dwconv")
     g = torch.Generator().manual_seed(0)
     params = problem.make_params([2, 8, 9, 9], g)
     x = torch.randn(2, 8, 9, 9, generator=g)
     args = [params[n] for n in problem.params]
     ref = problem.reference(x, *args)
-    for impl in ("eager", "cpu"):
-        y = get_impl("dwconv", impl).fn(x, *args)
-        torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+    for impl in list_impls("dwconv"):
+        if get_impl("dwconv", impl).available("cpu")[0]:
+            y = get_impl("dwconv", impl).fn(x, *args)
+            torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)

@@ -11,7 +11,9 @@ The only package that knows both models and kernels.
 
 ORDER: the module-level rules for fusebench's own classes run first (their fused modules are
 leaves to the tracer), then the graph pass (GRAPH_ORDER) on everything else, then the rules on
-single modules (silu_me, dwconv), which skip what a graph site absorbed.
+single modules (silu_me), which skip what a graph site absorbed. dwconv runs first of the
+module rules: the depthwise conv sits inside blocks other rules replace (ConvBNAct -> bn_silu),
+whose fused modules the walk does not enter; no graph pattern absorbs a depthwise conv in train.
 
 ORDER below is the order fusions are tried in (TransformerEngine's `ops/fused/__init__.py`
 idea; a module a fusion replaced is not visited again): se_gate and bn_silu come before silu_me
@@ -28,8 +30,8 @@ from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
 from fusebench.fuse.walk import FuseResult, GraphPass, fuse_in_order, unfused_leaves
 
-ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "se_gate", "bn_silu",
-                          "mlp_bias_gelu", "ln2d", "silu_me", "dwconv")
+ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate", "bn_silu",
+                          "mlp_bias_gelu", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_gate", "bn_act", "mlp",
                                 "conv_bn_fold_fx", "ln_linear")

@@ -35,7 +35,7 @@ def se_kernel(gate: Pure, act: Pure) -> MultiOpKernel:
         de = de.reshape(e.shape)
         dr = act.bwd(de @ we2, r)
         ds = dr @ wr2
-        dx = dx + (ds / (x.shape[2] * x.shape[3]))[:, :, None, None]
+        dx = dx.add_((ds / (x.shape[2] * x.shape[3]))[:, :, None, None])   # dx: fresh, ours
         return dx, ((((dr.t() @ s).reshape(wr.shape)), dr.sum(0)),
                     ((de.t() @ act.fwd(r)).reshape(we.shape), de.sum(0)))
     return MultiOpKernel(f"se[{gate.impl},{act.impl}]", fwd, bwd)

@@ -30,7 +30,9 @@ def se_gate_kernel(gate: Pure, silu: Pure) -> MultiOpKernel:
         dx, de = gate.bwd(dy, x, e)
         da, dwe, dbe = conv_bwd(de, silu.fwd(r), we, True)
         ds, dwr, dbr = conv_bwd(silu.bwd(da, r), s, wr, True)
-        dx = dx + ds / (x.shape[2] * x.shape[3])            # mean's backward spreads ds over H*W
+        # mean's backward spreads ds over H*W: added in place (dx is the gate's fresh output),
+        # one pass and no second x-sized allocation
+        dx = dx.add_(ds / (x.shape[2] * x.shape[3]))
         return dx, ((dwr, dbr), (dwe, dbe))
     return MultiOpKernel(f"se_gate[{gate.impl}]", fwd, bwd)
 

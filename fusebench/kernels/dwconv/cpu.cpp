@@ -1,12 +1,22 @@
-// Backward of a depthwise KxK convolution (groups == C, stride 1, dilation 1, zero 'same'
-// padding, K in 3/5/7) on channels-last (NHWC) tensors: dx, dweight, dbias.
+// Depthwise KxK convolution (groups == C, K in 3/5/7, stride 1 or 2, dilation 1, zero padding
+// K/2: ConvNeXt's 7x7, EfficientNet's 3x3 / 5x5) on channels-last (NHWC) tensors: the forward y
+// and the backward dx, dweight, dbias.
 //
-// Why: ConvNeXt's 7x7 depthwise conv is cheap forward, but oneDNN's backward for it was ~17% of
-// a convnext_atto train step on a 2-vCPU VM (8x40x56x56: ~10-12 ms for 0.2 GFLOP). The forward
-// stays aten's (oneDNN's is faster than a correlation written like the one below: 0.8 vs 1.5 ms
-// at that shape). In NHWC every tap is a multiply-add of two contiguous C-vectors, so the loops
-// run along C (vectorised) and threads split the N*H output rows.
-// dx is the forward correlation run on dy with the kernel flipped (odd K).
+// Why: oneDNN's depthwise backward was ~17% of a convnext_atto train step on a 2-vCPU VM
+// (8x40x56x56, 7x7: ~10-12 ms for 0.2 GFLOP). In NHWC every tap is a multiply-add of two
+// contiguous C-vectors, so the loops run along C (vectorised) and threads split output rows.
+//
+// No padded copy of any tensor: rows outside the image are left out of each output row's list
+// of tap rows, and only the few edge columns (where some tap falls outside) take a checked
+// path. (The first version copied x and dy into zero-padded buffers: two extra passes, which at
+// 3x3 cost more than the arithmetic and made it slower than oneDNN there.)
+//
+// All three passes are one gather: out[a, b] = sum over tap rows q and tap columns t of
+//   in[row_q, b * cs + co + t * cd] * w[wrow_q, wc0 + t * wcs]
+//   forward: in = x, rows ih = oh*S - P + i, columns b*S - P + t, w[i, t]
+//   dx:      in = dy, for dx row h the rows oh = (h + P - i) / S where S divides h + P - i;
+//            dx columns split into S phases pw (w = pw + S*b) so that each phase is a stride-1
+//            gather over dy columns with the taps j = j0 + S*t (the transposed conv).
 // dweight/dbias: per-chunk partial sums (fixed chunking: deterministic), summed at the end.
 #include <torch/extension.h>
 
@@ -21,14 +31,11 @@
 namespace {
 
 constexpr int64_t kGrainElems = 16384;  // below ~64 KiB of output per thread, threads cost more
+constexpr int kMaxK = 7;
 
-constexpr int kSizes[] = {3, 5, 7};  // K with a compiled weight-gradient kernel
-
-// The input is first copied into a zero-padded NHWC buffer (one pass; the conv itself does
-// K*K multiply-adds per element), so no loop below has a boundary case. Accumulators live in
-// registers: GCC vector types of 16 floats / 8 doubles (one AVX-512 register; narrower ISAs
-// split them), then 8 / 4, then single lanes for what remains of C. An accumulator kept in
-// memory serialises every tap on store-to-load forwarding (measured 4-7x slower).
+// Accumulators live in registers: GCC vector types of 16 floats / 8 doubles (two AVX2 or one
+// AVX-512 register), then 8 / 4, then single lanes for what remains of C. An accumulator kept
+// in memory serialises every tap on store-to-load forwarding (measured 4-7x slower).
 template <typename S, int N>
 struct VecOf {  // (an alias template would drop the attribute)
   typedef S type __attribute__((vector_size(sizeof(S) * N)));
@@ -52,107 +59,225 @@ void by_lanes(int64_t C, Args... args) {
   for (; c0 < C; ++c0) Op<S, 1>::run(c0, args...);
 }
 
-// R adjacent outputs of one row, lanes [c0, c0+N): R independent FMA chains hide the latency.
-template <typename S, int N, int R>
-inline void outputs(const S* xw, const S* wt, const S* bias, S* yp, int64_t Wp, int64_t C,
-                    int64_t K) {
+// The tap rows of one output row: input row pointers and the weight rows they meet.
+template <typename S>
+struct TapRows {
+  const S* in[kMaxK];
+  int64_t wrow[kMaxK];
+  int n = 0;
+  void add(const S* p, int64_t i) { in[n] = p; wrow[n] = i; ++n; }
+};
+
+// Column map of one gather: input column of output b, tap t = b*cs + co + t*cd; weight column
+// wc0 + t*wcs; T taps; input width inW; outputs [lo, hi) have every tap inside the image.
+struct Cols {
+  int64_t cs, co, cd, wc0, wcs, T, inW, B, lo, hi;
+  int64_t col(int64_t b, int64_t t) const { return b * cs + co + t * cd; }
+  bool inside(int64_t b, int64_t t) const { const int64_t c = col(b, t); return c >= 0 && c < inW; }
+  bool all_inside(int64_t b) const { return inside(b, 0) && inside(b, T - 1); }
+};
+
+Cols make_cols(int64_t cs, int64_t co, int64_t cd, int64_t wc0, int64_t wcs, int64_t T,
+               int64_t inW, int64_t B) {
+  Cols c{cs, co, cd, wc0, wcs, T, inW, B, 0, 0};
+  int64_t lo = 0, hi = B;
+  while (lo < B && !c.all_inside(lo)) ++lo;
+  while (hi > lo && !c.all_inside(hi - 1)) --hi;
+  c.lo = lo, c.hi = std::max(lo, hi);
+  return c;
+}
+
+// R adjacent outputs b..b+R-1 (all taps inside), lanes [c0, c0+N): R independent FMA chains.
+template <typename S, int N, int R, int T>
+inline void block(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, int64_t b,
+                  S* op, int64_t ostep, int64_t C, int64_t K) {
   using V = Vec<S, N>;
   V a[R];
   const V b0 = bias ? ld<V>(bias) : V{};
   for (int r = 0; r < R; ++r) a[r] = b0;
-  for (int64_t i = 0; i < K; ++i) {
-    const S* xr = xw + i * Wp * C;
-    for (int64_t j = 0; j < K; ++j) {
-      const V wv = ld<V>(wt + (i * K + j) * C);
-      for (int r = 0; r < R; ++r) a[r] += ld<V>(xr + (r + j) * C) * wv;
+  const int64_t step = cm.cs * C;
+  for (int q = 0; q < rows.n; ++q) {
+    const S* wr = wt + rows.wrow[q] * K * C;
+    for (int t = 0; t < T; ++t) {      // T known here: the taps unroll, registers stay put
+      const V wv = ld<V>(wr + (cm.wc0 + t * cm.wcs) * C);
+      const S* xp = rows.in[q] + cm.col(b, t) * C;
+      for (int r = 0; r < R; ++r) a[r] += ld<V>(xp + r * step) * wv;
     }
   }
-  for (int r = 0; r < R; ++r) st(yp + r * C, a[r]);
+  for (int r = 0; r < R; ++r) st(op + r * ostep, a[r]);
 }
 
-// One output row: xw = padded row h (top of the window), everything offset to lane c0.
+// One output whose taps may fall outside the image (an edge column): checked per tap.
 template <typename S, int N>
-struct RowOp {
-  static void run(int64_t c0, const S* xw, const S* wt, const S* bias, S* yrow, int64_t W,
-                  int64_t Wp, int64_t C, int64_t K) {
-    xw += c0, wt += c0, yrow += c0;
-    if (bias) bias += c0;
-    int64_t w = 0;
-    for (; w + 8 <= W; w += 8) outputs<S, N, 8>(xw + w * C, wt, bias, yrow + w * C, Wp, C, K);
-    for (; w + 4 <= W; w += 4) outputs<S, N, 4>(xw + w * C, wt, bias, yrow + w * C, Wp, C, K);
-    for (; w < W; ++w) outputs<S, N, 1>(xw + w * C, wt, bias, yrow + w * C, Wp, C, K);
-  }
-};
-
-// xp: (N, H+2P, W+2P, C) zero-padded; y[n, h, w, :] = bias + sum_{i,j} xp[n, h+i, w+j, :] wt[i, j]
-template <typename S>
-void correlate(const S* xp, const S* wt, const S* bias, S* y, int64_t N, int64_t H, int64_t W,
-               int64_t C, int64_t K) {
-  const int64_t Hp = H + K - 1, Wp = W + K - 1;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, W * C));
-  at::parallel_for(0, N * H, grain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / H, h = r % H;
-      by_lanes<S, RowOp>(C, xp + (n * Hp + h) * Wp * C, wt, bias, y + r * W * C, W, Wp, C, K);
-    }
-  });
+inline void edge(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, int64_t b,
+                 S* op, int64_t C, int64_t K) {
+  using V = Vec<S, N>;
+  V a = bias ? ld<V>(bias) : V{};
+  for (int q = 0; q < rows.n; ++q)
+    for (int64_t t = 0; t < cm.T; ++t)
+      if (cm.inside(b, t))
+        a += ld<V>(rows.in[q] + cm.col(b, t) * C) *
+             ld<V>(wt + (rows.wrow[q] * K + cm.wc0 + t * cm.wcs) * C);
+  st(op, a);
 }
 
-// For one output row and window row i: a[j] += dy[w] * xp[w + j] over the row, K chains.
-template <int K>
-struct WGrad {
+// One output row (or one phase of it), everything offset to lane c0; T taps per tap row.
+template <int T>
+struct RowOp {
   template <typename S, int N>
   struct Op {
-    static void run(int64_t c0, const S* dyrow, const S* xprow, S* acc, int64_t W, int64_t C) {
-      using V = Vec<S, N>;
-      V a[K] = {};
-      for (int64_t w = 0; w < W; ++w) {
-        const V g = ld<V>(dyrow + w * C + c0);
-        for (int j = 0; j < K; ++j) a[j] += g * ld<V>(xprow + (w + j) * C + c0);
-      }
-      for (int j = 0; j < K; ++j) st(acc + j * C + c0, ld<V>(acc + j * C + c0) + a[j]);
+    static void run(int64_t c0, TapRows<S> rows, const S* wt, const S* bias, const Cols* cm,
+                    S* orow, int64_t ostep, int64_t C, int64_t K) {
+      for (int q = 0; q < rows.n; ++q) rows.in[q] += c0;
+      wt += c0, orow += c0;
+      if (bias) bias += c0;
+      constexpr int R = 4;  // 4 outputs x (up to) 2 AVX2 registers: chains without spills
+      int64_t b = 0;
+      for (; b < cm->lo; ++b) edge<S, N>(rows, wt, bias, *cm, b, orow + b * ostep, C, K);
+      for (; b + R <= cm->hi; b += R)
+        block<S, N, R, T>(rows, wt, bias, *cm, b, orow + b * ostep, ostep, C, K);
+      for (; b < cm->hi; ++b)
+        block<S, N, 1, T>(rows, wt, bias, *cm, b, orow + b * ostep, ostep, C, K);
+      for (; b < cm->B; ++b) edge<S, N>(rows, wt, bias, *cm, b, orow + b * ostep, C, K);
     }
   };
 };
 
-// dwt[i, j, :] = sum_{n,h,w} dy[n, h, w, :] * xp[n, h+i, w+j, :];  db[:] = sum dy
+// One output row over all of C, with the tap count T as a compile-time constant.
+template <typename S>
+void row(const TapRows<S>& rows, const S* wt, const S* bias, const Cols* cm, S* orow,
+         int64_t ostep, int64_t C, int64_t K) {
+  switch (cm->T) {  // K in 3/5/7, stride 1/2: T in 1, 2, 3, 4, 5, 7
+#define FB_ROW(T) \
+  case T: return by_lanes<S, RowOp<T>::template Op>(C, rows, wt, bias, cm, orow, ostep, C, K);
+    FB_ROW(1) FB_ROW(2) FB_ROW(3) FB_ROW(4) FB_ROW(5) FB_ROW(7)
+#undef FB_ROW
+    default: TORCH_CHECK(false, "dwconv cpu: no kernel for ", cm->T, " taps per row");
+  }
+}
+
+struct Geom {
+  int64_t N, C, H, W, OH, OW, K, S, P;
+};
+
+Geom geom(const at::Tensor& x, int64_t K, int64_t S) {
+  const int64_t P = K / 2, H = x.size(2), W = x.size(3);
+  return {x.size(0), x.size(1), H, W, (H + 2 * P - K) / S + 1, (W + 2 * P - K) / S + 1, K, S, P};
+}
+
+int64_t grain_rows(int64_t row_elems) {
+  return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, row_elems));
+}
+
+// y[n, oh, ow] = bias + sum_{i,j} x[n, oh*S - P + i, ow*S - P + j] w[i, j]
+template <typename S>
+void forward_nhwc(const S* x, const S* wt, const S* bias, S* y, const Geom& g) {
+  const Cols cm = make_cols(g.S, -g.P, 1, 0, 1, g.K, g.W, g.OW);
+  at::parallel_for(0, g.N * g.OH, grain_rows(g.OW * g.C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / g.OH, oh = r % g.OH;
+      TapRows<S> rows;
+      for (int64_t i = 0; i < g.K; ++i) {
+        const int64_t ih = oh * g.S - g.P + i;
+        if (ih >= 0 && ih < g.H) rows.add(x + (n * g.H + ih) * g.W * g.C, i);
+      }
+      row<S>(rows, wt, bias, &cm, y + r * g.OW * g.C, g.C, g.C, g.K);
+    }
+  });
+}
+
+// dx[n, h, w] = sum over (i, j) with oh*S = h + P - i, ow*S = w + P - j of dy[n, oh, ow] w[i, j]
+template <typename S>
+void input_grad_nhwc(const S* dy, const S* wt, S* dx, const Geom& g) {
+  std::vector<Cols> phases;            // dx columns w = pw + S*b, one stride-1 gather each
+  for (int64_t pw = 0; pw < g.S && pw < g.W; ++pw) {
+    const int64_t j0 = (pw + g.P) % g.S, T = (g.K - j0 + g.S - 1) / g.S;
+    phases.push_back(make_cols(1, (pw + g.P - j0) / g.S, -1, j0, g.S, T, g.OW,
+                               (g.W - pw + g.S - 1) / g.S));
+  }
+  at::parallel_for(0, g.N * g.H, grain_rows(g.W * g.C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / g.H, h = r % g.H;
+      TapRows<S> rows;
+      for (int64_t i = 0; i < g.K; ++i) {
+        const int64_t num = h + g.P - i;
+        if (num >= 0 && num % g.S == 0 && num / g.S < g.OH)
+          rows.add(dy + (n * g.OH + num / g.S) * g.OW * g.C, i);
+      }
+      for (size_t pw = 0; pw < phases.size(); ++pw)
+        row<S>(rows, wt, nullptr, &phases[pw], dx + (r * g.W + pw) * g.C, g.S * g.C, g.C, g.K);
+    }
+  });
+}
+
+// For one dy row and tap row i: a[j] += dy[ow] * x[ow*S - P + j] over the row, K chains (two
+// sets, alternate columns, in the interior where no tap is outside).
+template <int K>
+struct WGrad {
+  template <typename S, int N>
+  struct Op {
+    static void run(int64_t c0, const S* dyrow, const S* xrow, S* acc, const Cols* cm,
+                    int64_t C) {
+      using V = Vec<S, N>;
+      V a[K] = {}, a2[K] = {};
+      auto checked = [&](int64_t ow) {
+        const V gv = ld<V>(dyrow + ow * C + c0);
+        for (int j = 0; j < K; ++j)
+          if (cm->inside(ow, j)) a[j] += gv * ld<V>(xrow + cm->col(ow, j) * C + c0);
+      };
+      int64_t ow = 0;
+      for (; ow < cm->lo; ++ow) checked(ow);
+      const int64_t step = cm->cs * C;
+      for (; ow + 2 <= cm->hi; ow += 2) {
+        const V g0 = ld<V>(dyrow + ow * C + c0), g1 = ld<V>(dyrow + (ow + 1) * C + c0);
+        const S* xp = xrow + cm->col(ow, 0) * C + c0;
+        for (int j = 0; j < K; ++j) {
+          a[j] += g0 * ld<V>(xp + j * C);
+          a2[j] += g1 * ld<V>(xp + step + j * C);
+        }
+      }
+      for (; ow < cm->B; ++ow) checked(ow);
+      for (int j = 0; j < K; ++j) st(acc + j * C + c0, ld<V>(acc + j * C + c0) + a[j] + a2[j]);
+    }
+  };
+};
+
+// dwt[i, j] = sum_{n,oh,ow} dy[n, oh, ow] * x[n, oh*S - P + i, ow*S - P + j];  db = sum dy
 template <typename S, int K>
-void weight_grad(const S* dy, const S* xp, S* dwt, S* db, int64_t N, int64_t H, int64_t W,
-                 int64_t C) {
-  const int64_t rows = N * H, KKC = K * K * C, Hp = H + K - 1, Wp = W + K - 1;
+void weight_grad_nhwc(const S* dy, const S* x, S* dwt, S* db, const Geom& g) {
+  const Cols cm = make_cols(g.S, -g.P, 1, 0, 1, K, g.W, g.OW);
+  const int64_t rows = g.N * g.OH, KKC = K * K * g.C, C = g.C;
   const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), rows * W * C / kGrainElems));
-  std::vector<S> pw(parts * KKC, S(0)), pb(parts * C, S(0));
+      1, std::min<int64_t>(at::get_num_threads(), rows * g.OW * C / kGrainElems));
+  std::vector<S> pw(parts * KKC, S(0)), pb(db ? parts * C : 0, S(0));
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       S* acc = pw.data() + p * KKC;
-      S* accb = pb.data() + p * C;
       for (int64_t r = p * rows / parts; r < (p + 1) * rows / parts; ++r) {
-        const int64_t n = r / H, h = r % H;
-        const S* dyrow = dy + r * W * C;
-        for (int64_t w = 0; w < W; ++w)
-          for (int64_t c = 0; c < C; ++c) accb[c] += dyrow[w * C + c];
-        for (int64_t i = 0; i < K; ++i)
-          by_lanes<S, WGrad<K>::template Op>(C, dyrow, xp + ((n * Hp + h + i) * Wp) * C,
-                                             acc + i * K * C, W, C);
+        const int64_t n = r / g.OH, oh = r % g.OH;
+        const S* dyrow = dy + r * g.OW * C;
+        if (db) {
+          S* accb = pb.data() + p * C;
+          for (int64_t w = 0; w < g.OW; ++w)
+            for (int64_t c = 0; c < C; ++c) accb[c] += dyrow[w * C + c];
+        }
+        for (int64_t i = 0; i < K; ++i) {
+          const int64_t ih = oh * g.S - g.P + i;
+          if (ih < 0 || ih >= g.H) continue;
+          by_lanes<S, WGrad<K>::template Op>(C, dyrow, x + (n * g.H + ih) * g.W * C,
+                                             acc + i * K * C, &cm, C);
+        }
       }
     }
   });
   for (int64_t p = 0; p < parts; ++p) {
     for (int64_t k = 0; k < KKC; ++k) dwt[k] += pw[p * KKC + k];
-    for (int64_t c = 0; c < C; ++c) db[c] += pb[p * C + c];
+    if (db)
+      for (int64_t c = 0; c < C; ++c) db[c] += pb[p * C + c];
   }
 }
 
-// (N, C, H, W) channels-last -> (N, H+K-1, W+K-1, C) zero-padded, contiguous
-at::Tensor pad_nhwc(const at::Tensor& x, int64_t K) {
-  const int64_t P = K / 2, H = x.size(2), W = x.size(3);
-  auto xp = at::zeros({x.size(0), H + 2 * P, W + 2 * P, x.size(1)}, x.options());
-  xp.narrow(1, P, H).narrow(2, P, W).copy_(x.permute({0, 2, 3, 1}));
-  return xp;
-}
-
-void check(const at::Tensor& x, const at::Tensor& w) {
+void check(const at::Tensor& x, const at::Tensor& w, int64_t stride) {
   TORCH_CHECK(x.device().is_cpu(), "dwconv cpu: x must be a CPU tensor");
   TORCH_CHECK(x.dim() == 4, "dwconv cpu: x must be 4-D (N, C, H, W)");
   const auto st = x.scalar_type();
@@ -160,48 +285,92 @@ void check(const at::Tensor& x, const at::Tensor& w) {
               "dwconv cpu: unsupported dtype ", st, " (supported: float32, float64)");
   const int64_t K = w.dim() == 4 ? w.size(2) : 0;
   TORCH_CHECK(w.dim() == 4 && w.size(0) == x.size(1) && w.size(1) == 1 && w.size(3) == K &&
-                  std::find(std::begin(kSizes), std::end(kSizes), K) != std::end(kSizes),
+                  (K == 3 || K == 5 || K == 7),
               "dwconv cpu: weight must be (C, 1, K, K) with K in 3, 5, 7; got ", w.sizes());
   TORCH_CHECK(w.scalar_type() == st, "dwconv cpu: weight dtype ", w.scalar_type(),
               " differs from x's ", st);
+  TORCH_CHECK(stride == 1 || stride == 2, "dwconv cpu: stride must be 1 or 2, got ", stride);
 }
 
-// (C, 1, K, K) -> (K, K, C); flipped: taps reversed (the dx correlation)
-at::Tensor taps(const at::Tensor& w, bool flipped) {
-  auto t = w.squeeze(1);
-  if (flipped) t = t.flip({1, 2});
-  return t.permute({1, 2, 0}).contiguous();
+// (C, 1, K, K) -> (K, K, C): each tap a contiguous C-vector
+at::Tensor taps(const at::Tensor& w) { return w.squeeze(1).permute({1, 2, 0}).contiguous(); }
+
+at::Tensor nhwc_output(const at::Tensor& like, const Geom& g) {
+  auto out = at::empty({g.N, g.C, g.OH, g.OW},
+                       like.options().memory_format(at::MemoryFormat::ChannelsLast));
+  fusebench::advise_huge_pages(out);
+  return out;
 }
 
-std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, bool bias) {
-  check(x, w);
-  TORCH_CHECK(dy.sizes() == x.sizes(), "dwconv cpu: dy and x shapes differ");
+at::Tensor forward(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias, int64_t stride) {
+  check(x, w, stride);
   x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const Geom g = geom(x, w.size(2), stride);
+  auto y = nhwc_output(x, g);
+  auto wt = taps(w.to(x.scalar_type()));
+  at::Tensor b = bias.has_value() ? bias->to(x.scalar_type()).contiguous() : at::Tensor();
+  if (y.numel() > 0)
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwconv_cpu_fwd", [&] {
+      forward_nhwc<scalar_t>(x.const_data_ptr<scalar_t>(), wt.const_data_ptr<scalar_t>(),
+                             b.defined() ? b.const_data_ptr<scalar_t>() : nullptr,
+                             y.mutable_data_ptr<scalar_t>(), g);
+    });
+  return y;
+}
+
+at::Tensor backward_input(at::Tensor dy, at::Tensor x, at::Tensor w, int64_t stride) {
+  check(x, w, stride);
+  const Geom g = geom(x, w.size(2), stride);
+  TORCH_CHECK(dy.size(0) == g.N && dy.size(1) == g.C && dy.size(2) == g.OH &&
+                  dy.size(3) == g.OW, "dwconv cpu: dy shape ", dy.sizes(), " does not match");
   dy = dy.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = w.size(2);
-  auto wf = taps(w, true);
   auto dx = fusebench::empty_output(x, at::MemoryFormat::ChannelsLast);
-  auto dwt = at::zeros({K, K, C}, x.options());
-  auto db = at::zeros({C}, x.options());
-  if (x.numel() > 0) {
-    auto dyp = pad_nhwc(dy, K);
-    auto xp = pad_nhwc(x, K);
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwconv_cpu_bwd", [&] {
-      using S = scalar_t;
-      correlate<S>(dyp.const_data_ptr<S>(), wf.const_data_ptr<S>(), nullptr,
-                   dx.mutable_data_ptr<S>(), N, H, W, C, K);
-      auto wg = K == 3 ? weight_grad<S, 3> : K == 5 ? weight_grad<S, 5> : weight_grad<S, 7>;
-      wg(dy.const_data_ptr<S>(), xp.const_data_ptr<S>(), dwt.mutable_data_ptr<S>(),
-         db.mutable_data_ptr<S>(), N, H, W, C);
+  auto wt = taps(w);
+  if (dx.numel() > 0) {
+    if (dy.numel() == 0) return dx.zero_();
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwconv_cpu_bwd_input", [&] {
+      input_grad_nhwc<scalar_t>(dy.const_data_ptr<scalar_t>(), wt.const_data_ptr<scalar_t>(),
+                                dx.mutable_data_ptr<scalar_t>(), g);
     });
   }
+  return dx;
+}
+
+std::vector<at::Tensor> backward_weight(at::Tensor dy, at::Tensor x, at::Tensor w,
+                                        int64_t stride, bool bias) {
+  check(x, w, stride);
+  const Geom g = geom(x, w.size(2), stride);
+  x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  dy = dy.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+  auto dwt = at::zeros({g.K, g.K, g.C}, x.options());
+  auto db = at::zeros({g.C}, x.options());
+  if (dy.numel() > 0)
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwconv_cpu_bwd_weight", [&] {
+      using S = scalar_t;
+      auto wg = g.K == 3 ? weight_grad_nhwc<S, 3>
+                         : g.K == 5 ? weight_grad_nhwc<S, 5> : weight_grad_nhwc<S, 7>;
+      wg(dy.const_data_ptr<S>(), x.const_data_ptr<S>(), dwt.mutable_data_ptr<S>(),
+         bias ? db.mutable_data_ptr<S>() : nullptr, g);
+    });
   auto dw = dwt.permute({2, 0, 1}).unsqueeze(1).contiguous();
-  return {dx, dw, bias ? db : at::Tensor()};
+  return {dw, bias ? db : at::Tensor()};
+}
+
+std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, bool bias,
+                                 int64_t stride) {
+  auto dwb = backward_weight(dy, x, w, stride, bias);
+  return {backward_input(dy, x, w, stride), dwb[0], dwb[1]};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "y (channels-last)", py::arg("x"), py::arg("weight"),
+        py::arg("bias"), py::arg("stride") = 1);
+  m.def("backward_input", &backward_input, "dx (channels-last)", py::arg("dy"), py::arg("x"),
+        py::arg("weight"), py::arg("stride") = 1);
+  m.def("backward_weight", &backward_weight, "(dweight, dbias or None)", py::arg("dy"),
+        py::arg("x"), py::arg("weight"), py::arg("stride") = 1, py::arg("bias") = true);
   m.def("backward", &backward, "(dx channels-last, dweight, dbias or None)", py::arg("dy"),
-        py::arg("x"), py::arg("weight"), py::arg("bias"));
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride") = 1);
 }

@@ -1,8 +1,11 @@
-"""`cpu`: the backward of a depthwise KxK conv in C++/OpenMP (cpu.cpp), channels-last float32 /
-float64, built on first use and cached on disk. The forward is aten's own conv (oneDNN's
-depthwise forward is already fast; its backward is what costs, docs/fused.md)."""
+"""`cpu`: a depthwise KxK conv (K 3/5/7, stride 1/2, zero padding K//2) in C++/OpenMP (cpu.cpp)
+on channels-last float32 / float64: forward, grad input and grad weight as separate calls, built
+on first use and cached on disk. Which of the three run ours and which aten's is a `Passes`
+choice per call: oneDNN's forward and grad input are often faster, its grad weight is not
+(benchmarks/dwconv.py, docs/fused.md); fuse/fusions/dwconv.py picks per shape."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,23 +18,41 @@ from fusebench.kernels.registry import register_impl
 EXT_NAME = "fusebench_dwconv_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
-SIZES = (5, 7)   # compiled for 3 too, but at 3x3 aten's backward measured faster (docs/fused.md)
+SIZES = (3, 5, 7)
+STRIDES = (1, 2)
 
 KERNEL = CppKernel(EXT_NAME, SOURCE, "the depthwise conv cpu kernel runs")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
 
 
+@dataclass(frozen=True)
+class Passes:
+    """Which passes of one depthwise conv run our kernel (True) rather than aten's."""
+    forward: bool = False
+    input_grad: bool = True
+    weight_grad: bool = True
+
+    def any(self) -> bool:
+        return self.forward or self.input_grad or self.weight_grad
+
+
+ALL = Passes(True, True, True)
+BACKWARD = Passes(False, True, True)   # aten's forward, our backward (the first version's split)
+
+
 def supports(conv: nn.Conv2d) -> str:
-    """'' if the kernel computes this conv's backward exactly (and pays), else why not."""
-    k = conv.kernel_size
+    """'' if the kernel computes this conv exactly, else why not."""
+    k, s = conv.kernel_size, conv.stride
     if not (conv.groups == conv.in_channels == conv.out_channels):
         return "not depthwise (groups != in == out channels)"
     if k[0] != k[1] or k[0] not in SIZES:
         return f"kernel {k} not square with K in {SIZES}"
-    if conv.stride != (1, 1) or conv.dilation != (1, 1):
-        return "stride or dilation != 1"
+    if s[0] != s[1] or s[0] not in STRIDES:
+        return f"stride {s} not one of {STRIDES} in both dims"
+    if conv.dilation != (1, 1):
+        return "dilation != 1"
     if conv.padding != (k[0] // 2, k[1] // 2) or conv.padding_mode != "zeros":
-        return "padding is not zero 'same' padding"
+        return "padding is not zero 'same' padding (K//2)"
     return ""
 
 
@@ -39,29 +60,56 @@ def runs_on(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def _aten_backward(dy, x, weight, stride, k, mask):
+    return torch.ops.aten.convolution_backward(dy, x, weight, None, [stride] * 2, [k // 2] * 2,
+                                               [1, 1], False, [0, 0], weight.shape[0], mask)
+
+
+def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Ours come back channels-last; an NCHW model gets NCHW back (mixed layouts cost more)."""
+    return t if is_channels_last(x) else t.contiguous()
+
+
 class DwConvCpuFunction(torch.autograd.Function):
-    """y = aten depthwise conv(x); backward = the C++ kernel. Saves x and weight, as aten does."""
+    """y = depthwise conv(x) with each pass from our kernel or aten's (`passes`). Saves x and
+    weight, as aten does."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        x = x.contiguous(memory_format=torch.channels_last)
+    def forward(ctx, x, weight, bias, stride: int, passes: Passes):
         k = weight.shape[-1]
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return F.conv2d(x, weight, bias, padding=k // 2, groups=weight.shape[0])
+        ctx.has_bias, ctx.stride, ctx.passes = bias is not None, stride, passes
+        if passes.forward:
+            return _like(extension().forward(x, weight, bias, stride), x)
+        return F.conv2d(x, weight, bias, stride, k // 2, 1, weight.shape[0])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dx, dw, db = extension().backward(dy, x, weight, ctx.has_bias)
-        return dx, dw, db
+        s, p, k = ctx.stride, ctx.passes, weight.shape[-1]
+        need = ctx.needs_input_grad
+        aten_mask = [need[0] and not p.input_grad, need[1] and not p.weight_grad,
+                     need[2] and not p.weight_grad]
+        dx, dw, db = (_aten_backward(dy, x, weight, s, k, aten_mask) if any(aten_mask)
+                      else (None, None, None))
+        if need[0] and p.input_grad:
+            dx = _like(extension().backward_input(dy, x, weight, s), x)
+        if (need[1] or need[2]) and p.weight_grad:
+            dw, db = extension().backward_weight(dy, x, weight, s, ctx.has_bias)
+        return dx, dw, db if ctx.has_bias else None, None, None
 
 
 @register_impl("dwconv", "cpu", available=available)
-def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """aten's depthwise forward + a C++/OpenMP backward on channels-last; saves x and weight."""
+def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               stride: int = 1, passes: Passes = ALL) -> torch.Tensor:
+    """Depthwise conv (zero padding K//2) with our C++/OpenMP forward, grad input and grad
+    weight on channels-last (`passes` hands any of them to aten); saves x and weight."""
     if not runs_on(x):
         raise TypeError(f"dwconv cpu: needs a 4-D CPU float32/float64 x, got {x.dtype} on "
                         f"{x.device}")
-    return DwConvCpuFunction.apply(x, weight, bias)
+    return DwConvCpuFunction.apply(x, weight, bias, stride, passes)

@@ -7,7 +7,7 @@ import torch
 from fusebench.kernels.dwconv.reference import dwconv_reference
 from fusebench.kernels.problem import KernelProblem, lazy_build, register_problem
 
-KERNEL_SIZE = 7       # ConvNeXt's; the C++ backward also covers 5 (cpu.SIZES)
+KERNEL_SIZE = 7       # ConvNeXt's; the C++ kernel also covers 3 and 5, stride 2 (cpu.SIZES)
 
 
 def _params(shape, g):

@@ -1,0 +1,45 @@
+"""The fused squeeze-excitation (module rule se_gate.py and graph pattern fx_se.py) against eager
+float64 in channels-last and NCHW: forward, dx (the gate's dx with the mean's gradient added in
+place) and the reduce / expand gradients; the fused Function really ran."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fusebench.fuse import fuse
+from fusebench.models.layers import SqueezeExcite
+from tests.helpers import autograd_nodes
+
+
+class GraphSE(nn.Module):
+    """The same SE spelled with adaptive_avg_pool2d and a sigmoid module: the graph pattern."""
+
+    def __init__(self, c, r):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.fc2 = nn.Conv2d(c, r, 1), nn.Conv2d(r, c, 1)
+        self.act, self.gate = nn.SiLU(), nn.Sigmoid()
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+@pytest.mark.parametrize("make, site", [(SqueezeExcite, "se_gate"), (GraphSE, "se_gate")])
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+def test_fused_se_matches_eager_float64(make, site, layout):
+    torch.manual_seed(0)
+    model = nn.Sequential(make(24, 6)).double()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites.get(site) == 1
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(2, 24, 5, 7, dtype=torch.float64).contiguous(memory_format=fmt)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, r = model(xa), ref(xb)
+    assert any(type(n).__name__ == "MultiOpFunctionBackward" for n in autograd_nodes(y))
+    torch.testing.assert_close(y, r, atol=1e-12, rtol=1e-10)
+    dy = torch.randn(y.shape, dtype=torch.float64)
+    y.backward(dy), r.backward(dy)
+    torch.testing.assert_close(xa.grad, xb.grad, atol=1e-12, rtol=1e-10)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-12, rtol=1e-10)
