@@ -92,8 +92,8 @@ def main() -> None:
             r = measure(shape, cl, args.steps)
             cells = " ".join(f"{a:7.2f} ({f:5.2f})" for a, f in r.values())
             ratio = r["aten"][0] / r["bn_act_cpu"][0], r["aten"][1] / r["bn_act_cpu"][1]
-            print(f"{s:14s} {'cl' if cl else 'nchw':6s} {cells}  {ratio[0]:5.2f}x ({ratio[1]:.2f}x)",
-                  flush=True)
+            layout = "cl" if cl else "nchw"
+            print(f"{s:14s} {layout:6s} {cells}  {ratio[0]:5.2f}x ({ratio[1]:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ def built():
 
 
 def kernel_names(y) -> list[str]:
-    return [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ == "MultiOpFunctionBackward"]
+    return [n.kernel.name for n in autograd_nodes(y)
+            if type(n).__name__ == "MultiOpFunctionBackward"]
 
 
 def step(model, ref, x, tol):

@@ -68,7 +68,8 @@ def assert_close(errs, tol):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("act", sorted(ACTS))
-@pytest.mark.parametrize("shape", [(3, 5, 7, 6), (2, 40, 37, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(3, 5, 7, 6), (2, 40, 37, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_cpu_matches_float64_reference(shape, act, layout, dtype):
     """(2, 40, 37, 3): 222 rows span more than one float block (kBlock 256 values with 2 parts)."""
     _built()

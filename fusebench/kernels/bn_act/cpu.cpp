@@ -6,7 +6,8 @@
 // cancels at a large mean). Only x and the (C,) mean / invstd are kept for backward.
 // Backward: one pass reading x and dy that recomputes z and act'(z) on the
 // fly for the channel sums of g = dy * act'(z) and g * (x - mean), then one pass writing
-// dx = scale * g + (x - mean) * u[c] + o[c] (u, o from those sums); dweight / dbias come from the sums.
+// dx = scale * g + (x - mean) * u[c] + o[c] (u, o from those sums); dweight / dbias come
+// from the sums.
 //
 // NCHW: a task is one channel, stats then the write pass over its N planes (x, and dy, of one
 // channel usually still sit in L2 for the second pass). Channels-last: the reductions split the
