@@ -17,6 +17,8 @@ import torch
 from fusebench.kernels import get_impl
 from fusebench.kernels.act import cpu as act_cpu
 from fusebench.kernels.act import triton as act_triton
+from fusebench.kernels.bn_act import cpu as bn_act_cpu
+from fusebench.kernels.bn_act import triton as bn_act_triton
 from fusebench.kernels.ln2d import auto as ln2d_auto
 from fusebench.kernels.ln2d import cpu as ln2d_cpu
 
@@ -137,3 +139,39 @@ def _ln2d_by_layout(nchw: Callable, cl: Callable) -> Callable:
         dense_cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
         return (cl if dense_cl else nchw)(x, weight, bias, eps)
     return ln2d
+
+
+@dataclass(frozen=True)
+class BnActImpl:
+    """A BN(train) + act kernel's pure pair (kernels/bn_act: forward(x, w, b, running_mean,
+    running_var, momentum, eps, act) -> (y, mean, invstd); backward(dy, x, w, b, mean, invstd,
+    act) -> (dx, dw, db)) and which x it computes (runs_on(x); other x run aten's sequence)."""
+    name: str
+    forward: Callable
+    backward: Callable
+    runs_on: Callable
+
+
+BN_ACT_IMPLS = {"cpu": bn_act_cpu, "triton": bn_act_triton}
+# cpu: one stats + one write pass forward, two passes backward, 1.6-2.7x aten's BN + SiLU
+# fwd+bwd at EfficientNet shapes (benchmarks/bn_act.py, docs/fused.md). CUDA keeps aten's
+# sequence until the Triton kernel is measured on a GPU (`impls={"bn_act": "triton"}` runs it).
+BN_ACT_PREFERRED = {"cuda": "aten", "cpu": "cpu"}
+
+
+def resolve_bn_act(device: str, notes: list, impl: str | None = None) -> BnActImpl | None:
+    """The bn_act kernel for this fuse() (None: aten's sequence), with an `info` event naming
+    it, or None with a kernel_fallback note when it cannot run here. Resolved once."""
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or BN_ACT_PREFERRED[device_type]
+    mod = BN_ACT_IMPLS.get(name)
+    if mod is not None:
+        ok, reason = mod.available(str(device))
+        if ok and name == "cpu":
+            ok, reason = mod.build()             # a compile error shows up here, not mid-step
+        if not ok:
+            notes.append(("kernel_fallback", f"bn_act '{name}' unavailable ({reason}); "
+                                             f"ran 'aten' instead"))
+            mod, name = None, "aten"
+    notes.append(("info", f"bn_act: kernel = '{name}'"))
+    return None if mod is None else BnActImpl(name, mod.forward, mod.backward, mod.runs_on)

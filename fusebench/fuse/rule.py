@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.binding import Pure, bind_act
+from fusebench.fuse.binding import BnActImpl, Pure, bind_act, resolve_bn_act
 from fusebench.registry import Registry
 
 
@@ -42,6 +42,7 @@ class FuseContext:
     impls: dict[str, str] = field(default_factory=dict)          # family -> impl override
     bound: dict[str, Pure] = field(default_factory=dict)         # family -> pair, once
     opt_in: frozenset[str] = frozenset()      # fusions off by default that were asked for
+    bn_act_impl: tuple[BnActImpl | None] | None = None           # (kernel | None=aten,), once
 
     def act(self, family: str) -> Pure:
         """The act family's kernels for this fuse(): resolved on first use, then reused."""
@@ -49,6 +50,13 @@ class FuseContext:
             self.bound[family] = bind_act(family, self.device, self.notes,
                                           self.impls.get(family))
         return self.bound[family]
+
+    def bn_act(self) -> BnActImpl | None:
+        """The BN(train) + act kernel for this fuse() (None: aten's sequence), resolved once."""
+        if self.bn_act_impl is None:
+            self.bn_act_impl = (resolve_bn_act(self.device, self.notes,
+                                               self.impls.get("bn_act")),)
+        return self.bn_act_impl[0]
 
 
 FUSIONS: Registry[Fusion] = Registry("fusion")

@@ -1,21 +1,28 @@
 """bn_silu (train only): training-mode BatchNorm + SiLU in one Function, op BN (weight, bias).
-Saves the BN input and the (C,) statistics; the BN output SiLU's backward needs is recomputed
-(one addcmul pass). aten's batch norm updates the running statistics exactly as eager does."""
+Saves the BN input and the (C,) statistics, never the BN output. With the bn_act kernel bound
+(ctx.bn_act(): the C++ kernel on CPU) forward is one statistics pass and one write pass, and
+backward recomputes the BN output and act' on the fly in its two passes. Otherwise (another
+device or dtype, or the kernel unavailable) aten's batch norm + the act pair, backward
+recomputing the BN output with addcmul. Both update the running statistics as eager does."""
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusebench.fuse.binding import Pure
+from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvBNAct
 
 
-def bn_silu_kernel(silu: Pure, running_mean, running_var, momentum: float,
-                   eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
-    """`silu` may be any pure activation pair (the graph bn_act fusion passes relu / gelu)."""
+def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
+                       eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
+    """aten's batch norm + the act pair; backward recomputes the BN output (addcmul) for the
+    act's backward, then aten's batch norm backward. `silu` may be any pure activation pair
+    (the graph bn_act fusion passes relu / gelu)."""
     def fwd(c, groups):
         (w, b), = groups
         y, mean, invstd = torch.ops.aten.native_batch_norm(
@@ -33,24 +40,53 @@ def bn_silu_kernel(silu: Pure, running_mean, running_var, momentum: float,
     return MultiOpKernel(f"{prefix}[{silu.impl}]", fwd, bwd)
 
 
+def bn_act_kernel(impl: BnActImpl, act: str, running_mean, running_var, momentum: float,
+                  eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
+    """The bn_act kernel (kernels/bn_act) with activation `act` (silu, relu, gelu, gelu_tanh)."""
+    def fwd(c, groups):
+        (w, b), = groups
+        y, mean, invstd = impl.forward(c, w, b, running_mean, running_var, momentum, eps, act)
+        return y, (c, mean, invstd)
+
+    def bwd(dy, saved, groups):
+        (c, mean, invstd), ((w, b),) = saved, groups
+        dx, dw, db = impl.backward(dy, c, w, b, mean, invstd, act)
+        return dx, ((dw, db),)
+    return MultiOpKernel(f"{prefix}[bn_act_{impl.name}:{act}]", fwd, bwd)
+
+
+def train_bn_act(bn: nn.BatchNorm2d, c: torch.Tensor, impl: BnActImpl | None, pure: Pure,
+                 act: str | None, prefix: str) -> torch.Tensor:
+    """One training-mode BN + act call: the bound kernel where it computes this c and act
+    (the node's kernel name says which ran), else aten's sequence with `pure`."""
+    bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
+    m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+    if impl is not None and act is not None and impl.runs_on(c):
+        kernel = bn_act_kernel(impl, act, bn.running_mean, bn.running_var, m, bn.eps, prefix)
+    else:
+        if impl is not None:   # e.g. bf16 under autocast: aten runs, and says so (an event)
+            warnings.warn(f"{prefix}: the bn_act {impl.name} kernel does not take this input "
+                          f"({c.dtype}, {c.dim()}-D, on {c.device}); ran aten's batch norm "
+                          f"+ {pure.impl}")
+        kernel = aten_bn_act_kernel(pure, bn.running_mean, bn.running_var, m, bn.eps, prefix)
+    return run_ops(kernel, c, ((bn.weight, bn.bias),))
+
+
 class FusedConvBNSiLU(FusedModule):
     """conv -> MultiOpFunction[BatchNorm (weight, bias) + SiLU] while training; eager BN
     otherwise."""
     fusion = "bn_silu"
 
-    def __init__(self, src: ConvBNAct, silu: Pure):
+    def __init__(self, src: ConvBNAct, silu: Pure, impl: BnActImpl | None):
         super().__init__()
-        self.conv, self.bn, self._silu = src.conv, src.bn, silu
+        self.conv, self.bn, self._silu, self._impl = src.conv, src.bn, silu, impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.conv(x)
         bn = self.bn
         if not (bn.training and bn.track_running_stats and bn.affine):
             return F.silu(bn(c))
-        bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
-        m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-        kernel = bn_silu_kernel(self._silu, bn.running_mean, bn.running_var, m, bn.eps)
-        return run_ops(kernel, c, ((bn.weight, bn.bias),))
+        return train_bn_act(bn, c, self._impl, self._silu, "silu", "bn_silu")
 
 
 @register_fusion("bn_silu", ConvBNAct, benches=("train",))
@@ -58,4 +94,4 @@ def bn_silu(m: ConvBNAct, ctx: FuseContext):
     """ConvBNAct with SiLU -> BN+SiLU in one Function that keeps only the BN input."""
     if type(m.act) is not nn.SiLU or type(m.bn) is not nn.BatchNorm2d:
         return None
-    return FusedConvBNSiLU(m, ctx.act("silu"))
+    return FusedConvBNSiLU(m, ctx.act("silu"), ctx.bn_act())

@@ -1,15 +1,16 @@
 """bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU, whatever module or function
 spells the activation (torchvision's Conv2dNormActivation, a user's Sequential, F.relu(bn(x))).
 Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
-the BN output in backward (bn_silu's kernel with the matched activation). Eval-mode BN (frozen
+the BN output in backward (bn_silu's train_bn_act with the matched activation: the bn_act
+kernel where bound, else aten's sequence). Eval-mode BN (frozen
 statistics inside a training run): act(x * scale + shift) in one Function that saves x only."""
 from __future__ import annotations
 
 import torch
 
-from fusebench.fuse.binding import Pure
+from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.bn_silu import bn_silu_kernel
+from fusebench.fuse.fusions.bn_silu import train_bn_act
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
@@ -35,15 +36,16 @@ def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float) -> MultiOpK
     return MultiOpKernel(f"bn_eval_act[{act.impl}]", fwd, bwd)
 
 
-def bn_act_site(act: Pure) -> Site:
+def kernel_act(op: str, approximate: str) -> str:
+    """The bn_act kernel's name for the matched activation (kernels/bn_act ACT_CODES)."""
+    return "gelu_tanh" if op == "gelu" and approximate == "tanh" else op
+
+
+def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
     def run(c, bn):
         if bn.training:
-            bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
-            m = bn.momentum if bn.momentum is not None else \
-                1.0 / float(bn.num_batches_tracked)
-            kernel = bn_silu_kernel(act, bn.running_mean, bn.running_var, m, bn.eps, "bn_act")
-        else:
-            kernel = bn_eval_kernel(act, bn.running_mean, bn.running_var, bn.eps)
+            return train_bn_act(bn, c, impl, act, name, "bn_act")
+        kernel = bn_eval_kernel(act, bn.running_mean, bn.running_var, bn.eps)
         return run_ops(kernel, c, ((bn.weight, bn.bias),))
     return Site("fused_bn_act", run)
 
@@ -61,5 +63,5 @@ def bn_act(n, scope):
         return Miss("bn_act", "BatchNorm without affine parameters or running statistics")
     if len(bn.users) != 1:
         return Miss("bn_act", "the BatchNorm output is used elsewhere too")
-    site = bn_act_site(pure_act(*act, scope.ctx))
+    site = bn_act_site(pure_act(*act, scope.ctx), kernel_act(*act), scope.ctx.bn_act())
     return Hit("bn_act", n, site, (N.x_of(bn), Attr(bn.target)), (bn,))

@@ -1,0 +1,140 @@
+"""Triton BN(train) + act kernels. Imported lazily by bn_act/triton.py on first use:
+`@triton.jit` decides at import time whether to run interpreted (TRITON_INTERPRET=1, on CPU).
+
+x is seen as R = N*H*W rows of C channels at strides (stride_n, stride_c, stride_hw), so one
+kernel serves NCHW (stride_hw == 1) and channels-last (stride_c == 1). A reduction program
+owns a BLOCK_C block of channels and one of SPLIT slices of the rows and writes one row pair
+of float32 partial sums; the (C,) finishing is done by the caller. z = (x - mean) * scale +
+bias (x - mean first: x * scale + shift cancels at a large mean). The elementwise programs
+own a (BLOCK_R, BLOCK_C) tile."""
+import triton
+import triton.language as tl
+
+SILU, RELU, GELU, GELU_TANH = 0, 1, 2, 3          # cpu.py's ACT_CODES
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr):
+    if ACT == 0:
+        return z * tl.sigmoid(z)
+    elif ACT == 1:
+        return tl.maximum(z, 0.0)
+    elif ACT == 2:
+        return 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
+    else:
+        t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
+        return 0.5 * z * (1.0 + t)
+
+
+@triton.jit
+def _act_grad(z, ACT: tl.constexpr):
+    if ACT == 0:
+        s = tl.sigmoid(z)
+        return s * (1.0 + z * (1.0 - s))
+    elif ACT == 1:
+        return tl.where(z > 0.0, 1.0, 0.0)
+    elif ACT == 2:
+        cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        return cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
+    else:
+        t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (
+            1.0 + 0.134145 * z * z)
+
+
+@triton.jit
+def _offsets(rows, cs, HW, stride_n, stride_c, stride_hw):
+    n = rows // HW
+    hw = rows - n * HW
+    return n[:, None] * stride_n + hw[:, None] * stride_hw + cs[None, :] * stride_c
+
+
+@triton.jit
+def stats_kernel(X, K, Parts, R, C, HW, stride_n, stride_c, stride_hw, ROWS_PER_PROG,
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Partial sums of x - k and (x - k)^2 per channel (k: the channel's first value)."""
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = cs < C
+    split = tl.program_id(1)
+    k = tl.load(K + cs, mask=cm, other=0.0).to(tl.float32)
+    s1 = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    s2 = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    r0 = split.to(tl.int64) * ROWS_PER_PROG
+    for i in range(0, ROWS_PER_PROG, BLOCK_R):
+        rows = r0 + i + tl.arange(0, BLOCK_R)
+        mask = ((rows < R) & (rows < r0 + ROWS_PER_PROG))[:, None] & cm[None, :]
+        x = tl.load(X + _offsets(rows, cs, HW, stride_n, stride_c, stride_hw), mask=mask,
+                    other=0.0).to(tl.float32)
+        d = tl.where(mask, x - k[None, :], 0.0)
+        s1 += d
+        s2 += d * d
+    base = split * 2 * C + cs
+    tl.store(Parts + base, tl.sum(s1, axis=0), mask=cm)
+    tl.store(Parts + base + C, tl.sum(s2, axis=0), mask=cm)
+
+
+@triton.jit
+def act_kernel(X, Y, Mean, Scale, Shift, R, C, HW, stride_n, stride_c, stride_hw,
+               ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y = act((x - mean) * scale + shift); y has x's strides."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = cs < C
+    mask = (rows < R)[:, None] & cm[None, :]
+    offs = _offsets(rows, cs, HW, stride_n, stride_c, stride_hw)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    sc = tl.load(Scale + cs, mask=cm, other=0.0)
+    sh = tl.load(Shift + cs, mask=cm, other=0.0)
+    m = tl.load(Mean + cs, mask=cm, other=0.0)
+    y = _act((x - m[None, :]) * sc[None, :] + sh[None, :], ACT)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def grad_sums_kernel(DY, X, Scale, Shift, Mean, Parts, R, C, HW, stride_n, stride_c, stride_hw,
+                     ROWS_PER_PROG, ACT: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """Partial sums of g = dy * act'(z) and g * (x - mean) per channel."""
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = cs < C
+    split = tl.program_id(1)
+    sc = tl.load(Scale + cs, mask=cm, other=0.0)
+    sh = tl.load(Shift + cs, mask=cm, other=0.0)
+    m = tl.load(Mean + cs, mask=cm, other=0.0)
+    s1 = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    s2 = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    r0 = split.to(tl.int64) * ROWS_PER_PROG
+    for i in range(0, ROWS_PER_PROG, BLOCK_R):
+        rows = r0 + i + tl.arange(0, BLOCK_R)
+        mask = ((rows < R) & (rows < r0 + ROWS_PER_PROG))[:, None] & cm[None, :]
+        offs = _offsets(rows, cs, HW, stride_n, stride_c, stride_hw)
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        xc = x - m[None, :]
+        g = tl.where(mask, dy * _act_grad(xc * sc[None, :] + sh[None, :], ACT), 0.0)
+        s1 += g
+        s2 += g * xc
+    base = split * 2 * C + cs
+    tl.store(Parts + base, tl.sum(s1, axis=0), mask=cm)
+    tl.store(Parts + base + C, tl.sum(s2, axis=0), mask=cm)
+
+
+@triton.jit
+def dx_kernel(DY, X, DX, Mean, Scale, Shift, U, O, R, C, HW, stride_n, stride_c, stride_hw,
+              ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dx = scale * g + (x - mean) * u + o (u, o per channel from the sums, see cpu.cpp)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = cs < C
+    mask = (rows < R)[:, None] & cm[None, :]
+    offs = _offsets(rows, cs, HW, stride_n, stride_c, stride_hw)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    sc = tl.load(Scale + cs, mask=cm, other=0.0)
+    sh = tl.load(Shift + cs, mask=cm, other=0.0)
+    u = tl.load(U + cs, mask=cm, other=0.0)
+    o = tl.load(O + cs, mask=cm, other=0.0)
+    xc = x - tl.load(Mean + cs, mask=cm, other=0.0)[None, :]
+    g = dy * _act_grad(xc * sc[None, :] + sh[None, :], ACT)
+    dx = sc[None, :] * g + xc * u[None, :] + o[None, :]
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)

@@ -1,0 +1,67 @@
+"""`cpu`: BN(train) + act in C++/OpenMP (cpu.cpp), NCHW and channels-last, float32 / float64,
+built on first use and cached on disk.
+
+`forward` / `backward` are the pure pair the fuser composes (no autograd node of their own);
+`bn_act_cpu` is the registered impl (SiLU, no running statistics) `fusebench kernel bn_act`
+measures."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fusebench.kernels.build import CppKernel
+from fusebench.kernels.registry import register_impl
+
+EXT_NAME = "fusebench_bn_act_cpu"
+SOURCE = Path(__file__).with_name("cpu.cpp")
+DTYPES = (torch.float32, torch.float64)
+ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}     # cpu.cpp's ActCode
+
+KERNEL = CppKernel(EXT_NAME, SOURCE, "the bn_act cpu kernel runs")
+extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """True where the kernel computes this x (else the caller runs aten's sequence)."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4 \
+        and x.numel() > x.shape[1]
+
+
+def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float,
+            act: str):
+    """(y, mean, invstd); running_mean / running_var (or None) updated in place as aten does."""
+    return tuple(extension().forward(x, weight, bias, running_mean, running_var,
+                                     float(momentum), float(eps), ACT_CODES[act]))
+
+
+def backward(dy, x, weight, bias, mean, invstd, act: str):
+    """(dx, dweight, dbias) from the saved x, mean, invstd (the BN output is recomputed)."""
+    return tuple(extension().backward(dy, x, weight, bias, mean, invstd, ACT_CODES[act]))
+
+
+class BNActCpuFunction(torch.autograd.Function):
+    """Saves x, the parameters and the (C,) mean / invstd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, act):
+        y, mean, invstd = forward(x, weight, bias, None, None, 0.0, eps, act)
+        ctx.save_for_backward(x, weight, bias, mean, invstd)
+        ctx.act = act
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, bias, mean, invstd = ctx.saved_tensors
+        dx, dw, db = backward(dy, x, weight, bias, mean, invstd, ctx.act)
+        return dx, dw, db, None, None
+
+
+@register_impl("bn_act", "cpu", available=available)
+def bn_act_cpu(x, weight, bias, eps: float):
+    """C++/OpenMP: one stats pass + one write pass forward, two passes backward; saves x."""
+    if not runs_on(x):
+        raise TypeError(f"bn_act cpu: needs a 4-D CPU float32/float64 x with more than one "
+                        f"value per channel, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    return BNActCpuFunction.apply(x, weight, bias, eps, "silu")

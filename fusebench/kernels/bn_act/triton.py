@@ -1,0 +1,134 @@
+"""`triton`: BN(train) + act forward and backward in Triton (CUDA; on CPU tensors under
+TRITON_INTERPRET=1). Forward: a statistics launch (per-channel partial sums over row slices),
+the (C,) finishing in float64 torch ops, one launch writing y = act(x * scale + shift).
+Backward: a launch for the partial sums of g = dy * act'(z) and g * (x - mean) (z recomputed),
+the (C,) finishing, one launch writing dx. Saves x and the (C,) mean / invstd only."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fusebench.kernels.bn_act.cpu import ACT_CODES
+from fusebench.kernels.checks import check_nchw
+from fusebench.kernels.registry import register_impl
+from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
+
+__all__ = ["available", "forward", "backward", "runs_on"]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_R, MAX_BLOCK_C = 64, 64      # a program's tile: rows x channels
+TARGET_SPLITS = 256                # row slices per channel block in the reductions
+
+
+@functools.cache
+def _kernels():
+    from fusebench.kernels.bn_act import _triton_kernels
+    return _triton_kernels
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    return x.dtype in DTYPES and x.dim() == 4 and x.numel() > x.shape[1] \
+        and available(str(x.device))[0]
+
+
+def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
+    if x.is_contiguous():
+        return x, torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return x, torch.channels_last
+    return x.contiguous(), torch.contiguous_format
+
+
+def _geometry(x: torch.Tensor):
+    """(R, C, HW, strides, block_c, rows per reduction program, splits)."""
+    N, C, H, W = x.shape
+    R, HW = N * H * W, H * W
+    block_c = min(triton_next_pow2(C), MAX_BLOCK_C)
+    per = triton_cdiv(triton_cdiv(R, min(TARGET_SPLITS, triton_cdiv(R, BLOCK_R))), BLOCK_R) \
+        * BLOCK_R
+    # H and W flatten to one index for both dense layouts: stride(h) == W * stride(w)
+    return R, C, HW, (x.stride(0), x.stride(1), x.stride(3)), block_c, per, triton_cdiv(R, per)
+
+
+def _sums(kernel, x, *args, act=None):
+    """The (2, C) float64 channel sums of a reduction kernel over x's rows."""
+    R, C, HW, strides, bc, per, splits = _geometry(x)
+    parts = torch.empty((splits, 2, C), device=x.device, dtype=torch.float32)
+    extra = {} if act is None else {"ACT": act}
+    kernel[(triton_cdiv(C, bc), splits)](*args, parts, R, C, HW, *strides, per, **extra,
+                                         BLOCK_R=BLOCK_R, BLOCK_C=bc)
+    return parts.double().sum(0)
+
+
+def _elementwise(kernel, x, *args, act: int):
+    R, C, HW, strides, bc, _, _ = _geometry(x)
+    kernel[(triton_cdiv(R, BLOCK_R), triton_cdiv(C, bc))](*args, R, C, HW, *strides, ACT=act,
+                                                         BLOCK_R=BLOCK_R, BLOCK_C=bc)
+
+
+def _scale_shift(mean, invstd, weight, bias):
+    """(mean, scale, shift) in float32: z = (x - mean) * scale + shift."""
+    return mean.float(), (invstd * weight.double()).float(), bias.float()
+
+
+def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float,
+            act: str):
+    """(y, mean, invstd) in float32; running stats (or None) updated as aten does."""
+    check_nchw("bn_act triton", x, DTYPES)
+    x, fmt = _layout(x)
+    R = x.numel() // x.shape[1]
+    k = x[0, :, 0, 0].float().contiguous()                  # shift: each channel's first value
+    s = _sums(_kernels().stats_kernel, x, x, k)
+    m = s[0] / R
+    var = (s[1] / R - m * m).clamp_min(0)
+    mean, invstd = k.double() + m, torch.rsqrt(var + eps)
+    if running_mean is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_((momentum * mean).to(running_mean.dtype))
+            running_var.mul_(1 - momentum).add_((momentum * var * R / (R - 1))
+                                                .to(running_var.dtype))
+    y = torch.empty_like(x, memory_format=fmt)
+    _elementwise(_kernels().act_kernel, x, x, y, *_scale_shift(mean, invstd, weight, bias),
+                 act=ACT_CODES[act])
+    return y, mean.float(), invstd.float()
+
+
+def backward(dy, x, weight, bias, mean, invstd, act: str):
+    """(dx, dweight, dbias): z and act'(z) recomputed from x, mean, invstd."""
+    x, fmt = _layout(x)
+    dy = dy.to(x.dtype).contiguous(memory_format=fmt)        # dy in x's layout: same strides
+    R = x.numel() // x.shape[1]
+    idd = invstd.double()
+    m, scale, shift = _scale_shift(mean, idd, weight, bias)
+    code = ACT_CODES[act]
+    sg, sgx = _sums(_kernels().grad_sums_kernel, x, dy, x, scale, shift, m, act=code)
+    sd = scale.double()
+    u = -sd * idd * idd * sgx / R
+    o = -sd * sg / R
+    dx = torch.empty_like(x, memory_format=fmt)
+    _elementwise(_kernels().dx_kernel, x, dy, x, dx, m, scale, shift, u.float(), o.float(),
+                 act=code)
+    return dx, (idd * sgx).to(weight.dtype), sg.to(bias.dtype)
+
+
+class BNActTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, act):
+        y, mean, invstd = forward(x, weight, bias, None, None, 0.0, eps, act)
+        ctx.save_for_backward(x, weight, bias, mean, invstd)
+        ctx.act = act
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, bias, mean, invstd = ctx.saved_tensors
+        dx, dw, db = backward(dy, x, weight, bias, mean, invstd, ctx.act)
+        return dx, dw, db, None, None
+
+
+@register_impl("bn_act", "triton", available=available)
+def bn_act_triton(x, weight, bias, eps: float):
+    """Triton: a stats launch + an act launch forward, a sums launch + a dx launch backward."""
+    return BNActTritonFunction.apply(x, weight, bias, eps, "silu")

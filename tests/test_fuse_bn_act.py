@@ -1,0 +1,134 @@
+"""The bn_act kernel inside fused mode: bn_silu (zoo ConvBNAct) and the graph bn_act pattern
+(BatchNorm2d -> SiLU / ReLU / GELU in user code) run the C++ kernel on CPU (its name on the
+autograd node, its calls counted), match eager in both memory formats, update the running
+statistics as eager does, and an unbuildable kernel is a kernel_fallback event."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusebench.fuse import fuse
+from fusebench.kernels.bn_act import cpu as bn_act_cpu
+from fusebench.measure import correctness as corr
+from fusebench.measure.events import EventLog
+from fusebench.models import create_model
+from fusebench.modes import get_mode
+from tests.helpers import autograd_nodes
+
+
+@pytest.fixture
+def built():
+    ok, reason = bn_act_cpu.build()
+    if not ok:
+        pytest.skip(reason)
+
+
+def kernel_names(y) -> list[str]:
+    return [n.kernel.name for n in autograd_nodes(y)
+            if type(n).__name__ == "MultiOpFunctionBackward"]
+
+
+def step(model, ref, x, tol):
+    y, r = model(x), ref(x)
+    torch.testing.assert_close(y, r, atol=tol, rtol=tol)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    got = {n: p.grad for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < tol
+    for (n, b), c in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c, atol=tol, rtol=tol, msg=n)
+    return y
+
+
+class BnActs(nn.Module):
+    """BatchNorm2d -> act spelled as functions and modules, as user code writes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6)
+        self.c2, self.b2 = nn.Conv2d(6, 6, 1), nn.BatchNorm2d(6)
+        self.c3, self.b3, self.a3 = nn.Conv2d(6, 6, 1), nn.BatchNorm2d(6), nn.GELU("tanh")
+        self.c4, self.b4 = nn.Conv2d(6, 6, 1), nn.BatchNorm2d(6, momentum=None)
+
+    def forward(self, x):
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.gelu(self.b2(self.c2(x)))
+        x = self.a3(self.b3(self.c3(x)))
+        return F.silu(self.b4(self.c4(x)))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_graph_bn_act_runs_the_kernel_per_activation(built, channels_last):
+    torch.manual_seed(0)
+    model = BnActs().double().train()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites == {"bn_act": 4}
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    if channels_last:
+        model, ref = (m.to(memory_format=torch.channels_last) for m in (model, ref))
+        x = x.contiguous(memory_format=torch.channels_last)
+    for _ in range(2):                 # second step: running statistics (and momentum=None)
+        model.zero_grad()
+        ref.zero_grad()
+        y = step(model, ref, x, 1e-9)
+    assert sorted(kernel_names(y)) == sorted(
+        f"bn_act[bn_act_cpu:{a}]" for a in ("relu", "gelu", "gelu_tanh", "silu"))
+
+
+@pytest.mark.parametrize("channels_last", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["nchw", "channels_last"])   # NCHW: test_fuser counts the calls too
+def test_efficientnet_bn_silu_calls_the_kernel(built, channels_last, monkeypatch):
+    """Both layouts (float64: the float32 kernel is held to the reference in
+    test_kernels_bn_act): every bn_silu site calls the C++ forward and backward once."""
+    calls = {"forward": 0, "backward": 0}
+    ext = bn_act_cpu.extension()
+    for name in calls:
+        real = getattr(ext, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+        monkeypatch.setattr(ext, name, counted)
+    torch.manual_seed(0)
+    model = create_model("efficientnet_b0", num_classes=10).double().train()
+    ref = copy.deepcopy(model)
+    res = fuse(model, "train")
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)    # 64 px: see test_fuser.IMAGE_PX
+    if channels_last:
+        model, ref = (m.to(memory_format=torch.channels_last) for m in (model, ref))
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = step(model, ref, x, 1e-9)
+    assert kernel_names(y).count("bn_silu[bn_act_cpu:silu]") == res.sites["bn_silu"]
+    assert calls == {"forward": res.sites["bn_silu"], "backward": res.sites["bn_silu"]}
+
+
+def test_kernel_is_named_and_a_failed_build_is_a_fallback_event(monkeypatch):
+    model = create_model("efficientnet_b0", num_classes=10).train()
+    events = EventLog()
+    get_mode("fused").prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
+    info = [e.message for e in events.events() if e.category == "info"]
+    if bn_act_cpu.build()[0]:
+        assert "bn_act: kernel = 'cpu'" in info, info
+    monkeypatch.setattr(bn_act_cpu, "build", lambda: (False, "cannot build: no g++"))
+    model = create_model("efficientnet_b0", num_classes=10).train()
+    events = EventLog()
+    get_mode("fused").prepare(model, (torch.randn(1, 3, 32, 32),), {"bench": "train"}, events)
+    fb = [e.message for e in events.events() if e.category == "kernel_fallback"]
+    assert any("bn_act 'cpu'" in m and "no g++" in m and "ran 'aten'" in m for m in fb), fb
+    y = model(torch.randn(2, 3, 32, 32))
+    assert "bn_silu[function]" in kernel_names(y)
+    assert not any("bn_act_cpu" in n for n in kernel_names(y))
+
+
+def test_bfloat16_runs_aten_under_its_own_name(built):
+    """A dtype the kernel does not compute runs aten's sequence; the node's name says so."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.SiLU()).train()
+    fuse(model, "train")
+    with pytest.warns(UserWarning, match="does not take this input"):
+        y = model.bfloat16()(torch.randn(2, 3, 4, 4, dtype=torch.bfloat16))
+    assert kernel_names(y) and all("bn_act_cpu" not in n for n in kernel_names(y))
