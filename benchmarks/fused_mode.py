@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusebench.run.runner import RunOptions, run_one
+from fusebench.run.runner import RunOptions, measure_cell
 from fusebench.spec import CellSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,6 +113,10 @@ def parse(argv):
     ap.add_argument("--img", type=int, default=160)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
+    # one process per cell is not enough: eager efficientnet_b0 NCHW measured 533 and 693 ms in
+    # two processes minutes apart on a quiet machine (docs/fused.md); the per-process medians
+    # are averaged, as `fusebench run` does
+    ap.add_argument("--repeat", type=int, default=3, help="worker processes per cell")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: batch 2, 64 px, 1+2 steps, eager+fused, 1 thread, no wait")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
@@ -158,13 +162,14 @@ def run_cell(args, model, layout, threads, mode, cache: Path):
     ref, kwargs = MODELS[model]
     if args.quick:
         kwargs = QUICK_KWARGS.get(model, kwargs)
-    warm = mode == "compile" and cache.exists()
+    # warm: an earlier compile cell filled the cache (every cell creates the folder)
+    warm = mode == "compile" and cache.exists() and any(cache.iterdir())
     cache.mkdir(parents=True, exist_ok=True)
     spec = CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
                               model_kwargs=kwargs, channels_last=LAYOUTS[layout],
                               warmup=args.warmup, steps=args.steps, threads=threads,
                               timeout=1800.0, cache_dir=str(cache))
-    rec = run_one(spec, RunOptions(retry_oom=False))
+    rec = measure_cell(spec, RunOptions(retry_oom=False, repeat=args.repeat), lambda _: None)
     rec = rec.replace(extra={**rec.extra, "warm_compile": warm}) if warm else rec
     st = rec.step_ms
     comp = (f"{rec.compile_s:6.1f} s{' warm' if warm else ''}" if mode == "compile"
