@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
