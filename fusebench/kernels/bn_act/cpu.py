@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from fusebench.kernels.build import CppKernel
+from fusebench.kernels.bn_act.function import bn_act_function
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_bn_act_cpu"
@@ -40,22 +41,7 @@ def backward(dy, x, weight, bias, mean, invstd, act: str):
     return tuple(extension().backward(dy, x, weight, bias, mean, invstd, ACT_CODES[act]))
 
 
-class BNActCpuFunction(torch.autograd.Function):
-    """Saves x, the parameters and the (C,) mean / invstd."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, act):
-        y, mean, invstd = forward(x, weight, bias, None, None, 0.0, eps, act)
-        ctx.save_for_backward(x, weight, bias, mean, invstd)
-        ctx.act = act
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x, weight, bias, mean, invstd = ctx.saved_tensors
-        dx, dw, db = backward(dy, x, weight, bias, mean, invstd, ctx.act)
-        return dx, dw, db, None, None
+BNActCpuFunction = bn_act_function("BNActCpuFunction", forward, backward)
 
 
 @register_impl("bn_act", "cpu", available=available)

@@ -11,6 +11,7 @@ import torch
 
 from fusebench.kernels.bn_act.cpu import ACT_CODES
 from fusebench.kernels.checks import check_nchw
+from fusebench.kernels.bn_act.function import bn_act_function
 from fusebench.kernels.registry import register_impl
 from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
 
@@ -112,20 +113,7 @@ def backward(dy, x, weight, bias, mean, invstd, act: str):
     return dx, (idd * sgx).to(weight.dtype), sg.to(bias.dtype)
 
 
-class BNActTritonFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, act):
-        y, mean, invstd = forward(x, weight, bias, None, None, 0.0, eps, act)
-        ctx.save_for_backward(x, weight, bias, mean, invstd)
-        ctx.act = act
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x, weight, bias, mean, invstd = ctx.saved_tensors
-        dx, dw, db = backward(dy, x, weight, bias, mean, invstd, ctx.act)
-        return dx, dw, db, None, None
+BNActTritonFunction = bn_act_function("BNActTritonFunction", forward, backward)
 
 
 @register_impl("bn_act", "triton", available=available)
