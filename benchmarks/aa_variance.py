@@ -61,12 +61,13 @@ def _run(a, env: dict, slowdown: float, path: Path) -> Record:
     return rec
 
 
-def _verdicts(a_path: Path, b_path: Path, a: Record, b: Record) -> tuple[str, str]:
-    """(verdict through compare, verdict of one process per side, steps only)."""
+def _verdicts(a_path: Path, b_path: Path, a: Record, b: Record) -> tuple[str, str, float]:
+    """(verdict through compare, verdict of one process per side, steps only, the smallest
+    change compare could resolve)."""
     row = next(r for r in compare_files([a_path, b_path], metric="step_ms").rows
                if not r.baseline)
     one = stats.speedup_ci(a.step_ms.process_groups()[0], b.step_ms.process_groups()[0])
-    return row.verdict, stats.describe(one)
+    return row.verdict, stats.describe(one), row.ratio.min_effect
 
 
 def _load() -> str:
@@ -93,7 +94,8 @@ def main() -> int:
             contended += is_contended(recs[tag].extra.get("contention"))
         aa.append(_verdicts(paths["A"], paths["A2"], recs["A"], recs["A2"]))
         slow.append(_verdicts(paths["A"], paths["S"], recs["A"], recs["S"]))
-        print(f"pair {i + 1}: A/A {aa[-1][0]:40s} | slow {slow[-1][0]}", flush=True)
+        print(f"pair {i + 1}: A/A {aa[-1][0]:28s} (resolves {aa[-1][2]:4.0%}) | slow "
+              f"{slow[-1][0]} (resolves {slow[-1][2]:.0%})", flush=True)
     n = a.pairs
     print(f"\nwall {time.perf_counter() - t0:.0f} s; load after: {_load()}; "
           f"contended runs: {contended} of {3 * n}")

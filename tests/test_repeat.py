@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -205,11 +206,27 @@ def test_compare_uses_the_processes(tmp_path):
     cmp = compare_files([a, b], metric="step_ms", fail_pct=10)
     row = next(r for r in cmp.rows if not r.baseline)
     assert row.verdict == "not significant" and not cmp.regressions()
-    assert row.ratio.min_effect > 0.1 and not cmp.notes
+    assert row.ratio.min_effect > 0.1
+    # "not significant" says how weak it is and what would resolve 10% (spread 17% -> 24)
+    (note,) = cmp.notes
+    assert f"resolve changes of {row.ratio.min_effect:.0%} or more" in note
+    need = int(re.search(r"--repeat (\d+) per side would resolve 10%", note).group(1))
+    assert 20 <= need <= 30                     # by hand: 8 x 0.17^2 / 0.1^2 = 24
     slow = _file(tmp_path, "c.json", [125.0, 126.0, 124.0])
     calm = _file(tmp_path, "d.json", [100.0, 101.0, 99.0])
     cmp = compare_files([calm, slow], metric="step_ms", fail_pct=10)
-    assert cmp.regressions() and "slower" in cmp.rows[1].verdict
+    assert cmp.regressions() and "slower" in cmp.rows[1].verdict and not cmp.notes
+
+
+def test_processes_to_resolve():
+    assert stats.processes_to_resolve([[100.0]], [[100.0]], 0.1) is None   # no spread known
+    tight = [[100.0], [101.0], [99.0]]
+    assert stats.processes_to_resolve(tight, tight, 0.1) == 2
+    wide = [[100.0], [125.0], [90.0]]
+    n = stats.processes_to_resolve(wide, tight, 0.1)
+    # n processes per side with the same spread bring resolvable_effect down to the goal
+    spread = [[m] for m in np.resize([100.0, 125.0, 90.0], n)]
+    assert stats.resolvable_effect(spread, spread) <= 0.1 * 1.05
 
 
 def test_one_process_per_side_gets_a_note(tmp_path):

@@ -258,6 +258,26 @@ def _single_process_warning(pending) -> str | None:
             f"cannot see run-to-run drift; rerun with --repeat 3 or more")
 
 
+RESOLVE_GOAL = 0.10     # a change a user tuning a model wants to see
+
+
+def _resolution_note(pending) -> str | None:
+    """'Not significant' is only as strong as the processes' spread: when the smallest change
+    these comparisons could resolve is above RESOLVE_GOAL, say by how much and how many worker
+    processes would resolve it (issue 13.4: on a shared VM whole processes run 30% apart)."""
+    weak = [(row, b, c) for row, b, c in pending if row.ratio is not None
+            and row.ratio.has_ci and not row.ratio.significant
+            and row.ratio.min_effect > RESOLVE_GOAL and len(b.groups) > 1]
+    if not weak:
+        return None
+    row, b, c = max(weak, key=lambda t: t[0].ratio.min_effect)
+    need = stats.processes_to_resolve(b.groups, c.groups, RESOLVE_GOAL)
+    return (f"{len(weak)} 'not significant' comparison(s) could only resolve changes of "
+            f"{row.ratio.min_effect:.0%} or more (worst: {row.model} {row.variant}; the "
+            f"spread between its worker processes); about --repeat {need} per side would "
+            f"resolve {RESOLVE_GOAL:.0%}")
+
+
 def _row(metric: Metric, r: Item, run: str, group: int) -> Row:
     ok = r.status == "ok"
     iqr = r.iqr if ok and metric.name == "step_ms" else None
@@ -451,8 +471,9 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
             cmp.rows.append(row)
         gi += 1
     _judge_ratios(metric, pending, fail_pct)
-    if (why := _single_process_warning(pending)):
-        cmp.notes.append(why)
+    for why in (_single_process_warning(pending), _resolution_note(pending)):
+        if why:
+            cmp.notes.append(why)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
 

@@ -313,6 +313,18 @@ def resolvable_effect(baseline: Sequence[Sequence[float]],
     return max(MIN_EFFECT, 2.0 * math.sqrt(se2))
 
 
+def processes_to_resolve(baseline: Sequence[Sequence[float]],
+                         candidate: Sequence[Sequence[float]], effect: float) -> int | None:
+    """Worker processes per side that resolvable_effect would need to reach `effect`, given
+    the spread these processes showed (the larger side's); None when a side has one process
+    (no spread to extrapolate from)."""
+    if min(len(baseline), len(candidate)) < 2:
+        return None
+    cv2 = max(process_spread(g) for g in (baseline, candidate)) ** 2
+    # 2 * sqrt(2 * cv^2 / n) <= effect  <=>  n >= 8 cv^2 / effect^2
+    return max(2, math.ceil(8.0 * cv2 / effect ** 2))
+
+
 def speedup_ci_processes(baseline: Sequence[Sequence[float]],
                          candidate: Sequence[Sequence[float]], *,
                          n_resamples: int = N_RESAMPLES, seed: int = SEED) -> Ratio:
