@@ -105,7 +105,10 @@ def current_load(window_s: float = 0.5) -> dict[str, Any]:
     ncpu = os.cpu_count() or 1
     wall = max(b.t - a.t, 1e-9)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
-    return {"busy_frac": max(0.0, (b.busy - a.busy) - (b.own - a.own)) / (wall * ncpu),
+    # /proc/stat counts in jiffies read at slightly different instants than our clock: the
+    # fraction can come out a little above 1 on a saturated machine, which means "all of it"
+    busy = max(0.0, (b.busy - a.busy) - (b.own - a.own)) / (wall * ncpu)
+    return {"busy_frac": min(1.0, busy),
             "steal_frac": max(0.0, b.steal - a.steal) / (wall * ncpu),
             "load1": load[0], "load5": load[1], "load15": load[2], "cpu_count": ncpu}
 
