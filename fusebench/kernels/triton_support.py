@@ -32,3 +32,13 @@ def triton_next_pow2(n: int) -> int:
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def dense_layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
+    """x in a layout the NCHW/channels-last kernels index directly (a copy only when x is
+    neither), and the memory format to give their outputs."""
+    if x.is_contiguous():
+        return x, torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return x, torch.channels_last
+    return x.contiguous(), torch.contiguous_format

@@ -6,8 +6,7 @@
 // per-channel scalar (bias, gate). Channels-last: a task is a block of positions, each a
 // contiguous row of C values with a per-channel vector. Inner loops run along the contiguous
 // dim and are written for the auto-vectoriser.
-// Math: float accumulation for float/bfloat16, double for double. expf/erff/tanhf are declared
-// with glibc's SIMD variants (libmvec) so the loops vectorise without -ffast-math.
+// Math (accumulation types, libmvec, the activations): cpu_math.h, shared with bn_act.
 // Reductions (dbias, dgate) go through fixed per-task partials summed at the end: results do
 // not depend on the thread count.
 #include <torch/extension.h>
@@ -15,59 +14,21 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "../cpu_math.h"
 #include "../huge_pages.h"
 
 #include <algorithm>
 #include <cmath>
 
-#if defined(__GLIBC__) && defined(__x86_64__)
-extern "C" {
-__attribute__((__simd__("notinbranch"))) float expf(float) noexcept;
-__attribute__((__simd__("notinbranch"))) float erff(float) noexcept;
-__attribute__((__simd__("notinbranch"))) float tanhf(float) noexcept;
-}
-#endif
-
 namespace {
 
-constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, threads cost more
+using namespace fusebench;
+
 constexpr int64_t kRowBlock = 16;       // channels-last: positions (rows of C) per task
 constexpr int64_t kHwParts = 16;        // channels-last dgate: fixed partials per sample
 
-int64_t grain(int64_t elems_per_item) {
-  return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, elems_per_item));
-}
-
-template <typename T> struct AccOf { using type = float; };
-template <> struct AccOf<double> { using type = double; };
-
-inline float exp_(float v) { return expf(v); }
-inline double exp_(double v) { return std::exp(v); }
-inline float erf_(float v) { return erff(v); }
-inline double erf_(double v) { return std::erf(v); }
-inline float tanh_(float v) { return tanhf(v); }
-inline double tanh_(double v) { return std::tanh(v); }
-
-template <typename A> inline A sigmoid(A v) { return A(1) / (A(1) + exp_(-v)); }
-
-// GELU and its derivative; exact (erf) or tanh approximation.
-template <bool kTanh, typename A> inline A gelu(A v) {
-  if constexpr (kTanh) {
-    const A k = A(0.7978845608028654);  // sqrt(2 / pi)
-    return A(0.5) * v * (A(1) + tanh_(k * (v + A(0.044715) * v * v * v)));
-  }
-  return A(0.5) * v * (A(1) + erf_(v * A(0.7071067811865476)));
-}
-
-template <bool kTanh, typename A> inline A gelu_grad(A v) {
-  if constexpr (kTanh) {
-    const A k = A(0.7978845608028654);
-    const A t = tanh_(k * (v + A(0.044715) * v * v * v));
-    return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k * (A(1) + A(0.134145) * v * v);
-  }
-  const A cdf = A(0.5) * (A(1) + erf_(v * A(0.7071067811865476)));
-  return cdf + v * A(0.3989422804014327) * exp_(A(-0.5) * v * v);  // 1 / sqrt(2 pi)
-}
+// GELU and its derivative; exact (erf) or tanh approximation (cpu_math.h's Act).
+template <bool kTanh> using Gelu = Act<kTanh ? kGeluTanh : kGelu>;
 
 enum class Layout { kNCHW, kChannelsLast };
 
@@ -119,7 +80,7 @@ void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t
         const T* xc = x + t * HW;
         T* yc = y + t * HW;
 #pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) yc[i] = static_cast<T>(gelu<kTanh>(static_cast<A>(xc[i]) + bc));
+        for (int64_t i = 0; i < HW; ++i) yc[i] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(xc[i]) + bc));
       }
     });
   } else {
@@ -128,7 +89,7 @@ void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t
         const T* xr = x + r * C;
         T* yr = y + r * C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(gelu<kTanh>(static_cast<A>(xr[c]) + b[c]));
+        for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(xr[c]) + b[c]));
       }
     });
   }
@@ -146,7 +107,7 @@ void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_
         A s = 0;
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < HW; ++i) {
-          const A d = static_cast<A>(dy[o + i]) * gelu_grad<kTanh>(static_cast<A>(x[o + i]) + bc);
+          const A d = static_cast<A>(dy[o + i]) * Gelu<kTanh>::d(static_cast<A>(x[o + i]) + bc);
           dx[o + i] = static_cast<T>(d);
           s += d;  // dbias = sum over N, H, W of dx
         }
@@ -163,7 +124,7 @@ void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_
           const int64_t o = r * C;
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) {
-            const A d = static_cast<A>(dy[o + c]) * gelu_grad<kTanh>(static_cast<A>(x[o + c]) + b[c]);
+            const A d = static_cast<A>(dy[o + c]) * Gelu<kTanh>::d(static_cast<A>(x[o + c]) + b[c]);
             dx[o + c] = static_cast<T>(d);
             acc[c] += d;
           }

@@ -6,7 +6,8 @@ import functools
 import torch
 
 from fusebench.kernels.checks import check_bias_gelu, check_gate, check_nchw
-from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
+from fusebench.kernels.triton_support import (available, dense_layout, triton_cdiv,
+                                              triton_next_pow2)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_C = 4096        # one program holds all C channels of its block of positions
@@ -26,14 +27,6 @@ def _check(op: str, x: torch.Tensor) -> None:
     check_nchw(f"{op} triton", x, DTYPES, MAX_C)
 
 
-def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
-    if x.is_contiguous():
-        return x, torch.contiguous_format
-    if x.is_contiguous(memory_format=torch.channels_last):
-        return x, torch.channels_last
-    return x.contiguous(), torch.contiguous_format
-
-
 def _grid(x: torch.Tensor):
     """(grid, BLOCK_C, BLOCK_HW, strides) for the C x BLOCK_HW tiling of ln2d."""
     N, C, H, W = x.shape
@@ -46,7 +39,7 @@ def _grid(x: torch.Tensor):
 
 # ------------------------------------------------------------------------------- SiLU
 def silu_triton_fwd(x):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
     if x.numel():
         _kernels().silu_fwd_kernel[(triton_cdiv(x.numel(), BLOCK),)](x, y, x.numel(), BLOCK=BLOCK)
@@ -54,7 +47,7 @@ def silu_triton_fwd(x):
 
 
 def silu_triton_bwd(dy, x):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)   # same strides as x: same flat index
     dx = torch.empty_like(x, memory_format=fmt)
     if x.numel():
@@ -78,7 +71,7 @@ class SiLUTritonFunction(torch.autograd.Function):
 
 # ------------------------------------------------------------------------------- bias + GELU
 def bias_gelu_triton_fwd(x, bias, tanh: bool):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
     if x.numel():
         grid, bc, bhw, strides = _grid(x)
@@ -88,7 +81,7 @@ def bias_gelu_triton_fwd(x, bias, tanh: bool):
 
 
 def bias_gelu_triton_bwd(dy, x, bias, tanh: bool):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)
     dx = torch.empty_like(x, memory_format=fmt)
     C = x.shape[1]
@@ -118,7 +111,7 @@ class BiasGELUTritonFunction(torch.autograd.Function):
 
 # ------------------------------------------------------------------------------- SE gate
 def se_gate_triton_fwd(x, g):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
     if x.numel():
         grid, bc, bhw, strides = _grid(x)
@@ -128,7 +121,7 @@ def se_gate_triton_fwd(x, g):
 
 
 def se_gate_triton_bwd(dy, x, g):
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)
     dx = torch.empty_like(x, memory_format=fmt)
     N, C = x.shape[:2]

@@ -13,7 +13,8 @@ from fusebench.kernels.bn_act.cpu import ACT_CODES
 from fusebench.kernels.checks import check_nchw
 from fusebench.kernels.bn_act.function import bn_act_function
 from fusebench.kernels.registry import register_impl
-from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
+from fusebench.kernels.triton_support import (available, dense_layout, triton_cdiv,
+                                              triton_next_pow2)
 
 __all__ = ["available", "forward", "backward", "runs_on"]
 
@@ -31,14 +32,6 @@ def _kernels():
 def runs_on(x: torch.Tensor) -> bool:
     return x.dtype in DTYPES and x.dim() == 4 and x.numel() > x.shape[1] \
         and available(str(x.device))[0]
-
-
-def _layout(x: torch.Tensor) -> tuple[torch.Tensor, torch.memory_format]:
-    if x.is_contiguous():
-        return x, torch.contiguous_format
-    if x.is_contiguous(memory_format=torch.channels_last):
-        return x, torch.channels_last
-    return x.contiguous(), torch.contiguous_format
 
 
 def _geometry(x: torch.Tensor):
@@ -77,7 +70,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
             act: str):
     """(y, mean, invstd) in float32; running stats (or None) updated as aten does."""
     check_nchw("bn_act triton", x, DTYPES)
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     R = x.numel() // x.shape[1]
     k = x[0, :, 0, 0].float().contiguous()                  # shift: each channel's first value
     s = _sums(_kernels().stats_kernel, x, x, k)
@@ -97,7 +90,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
 
 def backward(dy, x, weight, bias, mean, invstd, act: str):
     """(dx, dweight, dbias): z and act'(z) recomputed from x, mean, invstd."""
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)        # dy in x's layout: same strides
     R = x.numel() // x.shape[1]
     idd = invstd.double()
