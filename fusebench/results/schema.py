@@ -48,16 +48,11 @@ def plain_json(v: Any) -> Any:
     return v
 
 
-def _non_negative(xs: list[float]) -> list[float]:
-    # one min() and one sum() instead of a constraint per sample: 100,000 records x 40 samples
-    # add up (a NaN, which the fast path's parser lets through, makes the sum NaN)
-    if xs and not (min(xs) >= 0 and math.isfinite(sum(xs))):
-        raise ValueError("samples must be finite and >= 0")
-    return xs
-
-
 JsonObject = Annotated[dict[str, Any], AfterValidator(plain_json)]
-Samples = Annotated[list[float], AfterValidator(_non_negative)]
+# a constraint per sample, checked in pydantic-core: faster on 100,000 records x 40 samples
+# than one Python min() + sum() per list (a call out of Rust per record), and the error names
+# the sample (step_ms.samples.3)
+Samples = list[NonNeg]
 # TypedDicts, not models: pydantic only checks, it builds nothing (twice as fast on big files).
 # No TypedDict carries its own config: the adapter's config (strict; extra keys ignored or, for
 # the fast document path, forbidden) reaches every nesting level.
