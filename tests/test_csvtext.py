@@ -37,7 +37,7 @@ def _floats(n: int, seed: int = 0) -> list[float]:
     rng = np.random.default_rng(seed)
     xs = rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)
     edge = [0.0, -0.0, 5e-324, 1e-5, 1.5e-5, 9.99e-5, 1e-4, 1e-6, 1e15, 1e16, 1e22, 0.1 + 0.2,
-            1.7976931348623157e308, 2.5, 100.0]
+            1.7976931348623157e308, 2.5, 100.0, 10.00001, -100.00005, 1230.000012, 1.0000123]
     return edge + [float(x) for x in xs]
 
 

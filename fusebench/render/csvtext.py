@@ -71,13 +71,15 @@ def _quote_every(texts: Sequence[str]) -> list[str]:
     joined = sep.join(texts)
     if joined.count(sep) != len(texts) - 1:
         return list(map(quote, texts))
-    return ('"' + joined.replace('"', '""').replace(sep, f'"{sep}"') + '"').split(sep)
+    if '"' in joined:
+        joined = joined.replace('"', '""')
+    return ('"' + joined.replace(sep, f'"{sep}"') + '"').split(sep)
 
 
 # pydantic-core writes 1e-6 where repr writes 1e-06, and 0.00001234 (1e-5 <= |x| < 1e-4)
 # where repr writes 1.234e-05: the two fixes that make its text repr's
 _SHORT_EXPONENT = re.compile(r"e-(\d)(?!\d)")
-_POSITIONAL_SMALL = re.compile(r"-?0\.0000\d+")
+_POSITIONAL_SMALL = re.compile(r"(?<![\d.])-?0\.0000\d+")     # a whole number, not 10.00001
 
 
 def _repr_small(m: re.Match) -> str:
@@ -89,10 +91,11 @@ def number_fields(values: Sequence[Any]) -> list[str] | None:
     kinds = set(map(type, values))
     if not kinds or not kinds <= {float, int, type(None)} or len(values) < 100:
         return None
-    distinct = set(values)
-    if len(distinct) * 4 < len(values) and not {float, int} <= kinds and 0.0 not in distinct:
-        # few values (a constant, batch sizes): each written once. Not where 0.0 and -0.0
-        # (or 1 and 1.0) would share an entry
+    # few values (a constant, batch sizes)? The first 400 tell, without hashing every value
+    distinct = set(values) if len(set(values[:400])) < 100 else None
+    if distinct is not None and len(distinct) * 4 < len(values) and \
+            not {float, int} <= kinds and 0.0 not in distinct:
+        # each written once. Not where 0.0 and -0.0 (or 1 and 1.0) would share an entry
         texts = {v: "" if v is None else str(v) for v in distinct}
         return list(map(texts.__getitem__, values))
     try:
@@ -101,8 +104,10 @@ def number_fields(values: Sequence[Any]) -> list[str] | None:
         return None
     if float in kinds and ("N" in text or "I" in text):
         return None     # NaN or an infinity: str() writes nan / inf
-    if float in kinds:
-        text = _POSITIONAL_SMALL.sub(_repr_small, _SHORT_EXPONENT.sub(r"e-0\1", text))
+    if float in kinds and "e-" in text:
+        text = _SHORT_EXPONENT.sub(r"e-0\1", text)
+    if float in kinds and "0.0000" in text:
+        text = _POSITIONAL_SMALL.sub(_repr_small, text)
     cells = text.split(",")
     if len(cells) != len(values):
         return None

@@ -154,8 +154,11 @@ def record_columns(records: list[dict[str, Any]]
                    ) -> tuple[list[str], dict[str, Sequence[Any]]]:
     """The rows' columns (first-seen order) and each one's values in row order (None where a
     row lacks the column), from the record dicts of an exact document."""
+    layouts = list(map(_layout, records))
     groups: dict[tuple, list[int]] = {}
-    for i, layout in enumerate(map(_layout, records)):
+    if layouts and layouts.count(layouts[0]) == len(layouts):    # one run: one layout
+        groups[layouts[0]] = list(range(len(layouts)))
+    for i, layout in enumerate(layouts if not groups else ()):
         groups.setdefault(layout, []).append(i)
     getters = [layout_getters(records[idx[0]]) for idx in groups.values()]
     names = list(dict.fromkeys(c for g in getters for c in g))
