@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from fusebench.render.compare_table import _dict_rows, render_csv
 from fusebench.render.csvtext import fields, number_fields
@@ -101,3 +102,23 @@ def test_columns_are_the_rows(tmp_path):
         got = list(fc.columns[c])
         want = [r.get(c) for r in fr.rows]
         assert all(_same(a, b) for a, b in zip(got, want)) and len(got) == len(want), c
+
+
+def test_records_checked_in_pieces_are_the_whole_documents(tmp_path, monkeypatch):
+    """schema._in_pieces (big files: the records checked a piece of the text at a time) gives
+    what one check of the whole document gives, and refuses what it refuses."""
+    from fusebench.results import schema
+    recs = _records() + _mixed()
+    raw = write_results(tmp_path / "r.json", recs).read_bytes()
+    monkeypatch.setattr(schema, "PIECE", 300)      # a few records a piece
+    whole = schema._DOCUMENT.validate_json(raw)
+    assert schema._in_pieces(raw) == whole and schema.parse_exact(raw) == whole
+    for i in (0, len(recs) // 2, len(recs) - 1):     # a bad record in any piece
+        bad = json.loads(raw)
+        bad["records"][i]["status"] = 3
+        bad_raw = (json.dumps(bad, indent=1) + "\n").encode()
+        with pytest.raises(ValidationError):
+            schema._in_pieces(bad_raw)
+        assert schema.parse_exact(bad_raw) is None
+    compact = json.dumps(json.loads(raw)).encode()             # another layout: checked whole
+    assert schema._in_pieces(compact) is None and schema.parse_exact(compact) == whole

@@ -241,13 +241,48 @@ _ADAPTERS = {1: TypeAdapter(list[RecordV1], config=_STRICT),
 _DOCUMENT = TypeAdapter(DocumentV2)
 
 
+_RECORDS = TypeAdapter(list[RecordV2], config=_EXACT)
+
+
 def parse_exact(raw: bytes) -> dict[str, Any] | None:
     """A current-layout document with nothing unknown or wrong in it, parsed and checked; None
     when the text is anything else (the caller then takes the slow, wording path)."""
     try:
-        return _DOCUMENT.validate_json(raw)
+        return _in_pieces(raw) or _DOCUMENT.validate_json(raw)
     except ValidationError:
         return None
+
+
+# How ResultsWriter lays a document out (json.dumps, indent=1): the records list opens on a
+# line of its own at depth 1, each record is a block at depth 2, and the list closes at depth
+# 1. JSON text holds no raw newline inside a string, so these byte patterns are structure.
+_OPEN, _CLOSE, _NEXT = b'\n "records": [\n', b"\n ]", b"\n  },\n  {"
+PIECE = 16 * 2 ** 20     # bytes of records checked in one call
+
+
+def _in_pieces(raw: bytes) -> dict[str, Any] | None:
+    """parse_exact of a document written by ResultsWriter, its records checked a piece of the
+    text at a time: pydantic-core holds its parse tree of one piece at once, not of the whole
+    file (100,000 records: ~400 MiB less at the peak, and the time of touching it). None when
+    the text is not laid out so (the caller checks it whole); a ValidationError as the whole
+    document's check would raise one (the caller takes the slow path either way)."""
+    a = raw.find(_OPEN)
+    if len(raw) < 2 * PIECE or a < 0 or raw.find(_OPEN, a + 1) >= 0 or \
+            raw.count(b'\n "records":') != 1:
+        return None
+    start = a + len(_OPEN) - 1                      # the newline before the first record
+    end = raw.find(_CLOSE, start)
+    if end < 0:
+        return None
+    doc = _DOCUMENT.validate_json(raw[:start] + raw[end:])     # everything but the records
+    records: list[Any] = []
+    while start < end:
+        cut = raw.find(_NEXT, start + PIECE, end)
+        stop = end if cut < 0 else cut + 4          # through the record's closing brace
+        records += _RECORDS.validate_json(b"[" + raw[start:stop] + b"]")
+        start = stop + 1                            # past the comma between records
+    doc["records"] = records
+    return doc
 
 
 def _short(v: Any) -> str:
