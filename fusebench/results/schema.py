@@ -266,15 +266,16 @@ def _in_pieces(raw: bytes) -> dict[str, Any] | None:
     file (100,000 records: ~400 MiB less at the peak, and the time of touching it). None when
     the text is not laid out so (the caller checks it whole); a ValidationError as the whole
     document's check would raise one (the caller takes the slow path either way)."""
-    a = raw.find(_OPEN)
-    if len(raw) < 2 * PIECE or a < 0 or raw.find(_OPEN, a + 1) >= 0 or \
-            raw.count(b'\n "records":') != 1:
-        return None
+    # the list's ends are looked for from the file's ends (records are its last key: no scan
+    # of the whole text); text between them that is not records fails its pieces' check
+    a, end = raw.find(_OPEN), raw.rfind(_CLOSE)
     start = a + len(_OPEN) - 1                      # the newline before the first record
-    end = raw.find(_CLOSE, start)
-    if end < 0:
+    if len(raw) < 2 * PIECE or a < 0 or end < start:
         return None
-    doc = _DOCUMENT.validate_json(raw[:start] + raw[end:])     # everything but the records
+    rest = raw[:start] + raw[end:]                  # everything but the records
+    if rest.count(b'"records"') != 1:               # the key twice: the whole check decides
+        return None
+    doc = _DOCUMENT.validate_json(rest)
     records: list[Any] = []
     while start < end:
         cut = raw.find(_NEXT, start + PIECE, end)
