@@ -265,9 +265,14 @@ def render_csv(cmp: Comparison) -> str:
         for k, values in cols.items():
             values.append(d.get(k, ""))
     lines = [",".join(map(quote, cols))]
-    lines += map(",".join, zip(*(fields(csv_cells(v)) for v in cols.values())))
+    lines += map(",".join, zip(*(fields(_safe(v)) for v in cols.values())))
     lines.append("")
     return "\n".join(lines)
+
+
+def _safe(values: list[Any]) -> list[Any]:
+    """csv_cells of a column that holds text; numbers, bools and None are their own cells."""
+    return csv_cells(values) if str in set(map(type, values)) else values
 
 
 def _row_columns(cmp: Comparison) -> dict[str, list[Any]]:
