@@ -167,11 +167,6 @@ def _column_render(segments: list[list[Any] | Const]):
     return lambda vs: fields(_column_text(vs))
 
 
-def _column_strings(values: list[Any]) -> list[str]:
-    """One column's cells as to_csv writes them."""
-    return _column_render([values])(values)
-
-
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
     """to_csv(load_results(paths)), byte for byte, without building the DataFrame."""
     with paused_gc():
