@@ -1,8 +1,6 @@
 """Renderers for a Comparison: rich table, markdown, csv, json. One function per format."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -10,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
+from fusebench.render.csvtext import fields, quote
 from fusebench.render.escape import cell as csv_cell, cells as csv_cells, markup as escape
 from rich.text import Text
 
@@ -257,14 +256,40 @@ def _dict_rows(cmp: Comparison) -> list[dict[str, Any]]:
 
 
 def render_csv(cmp: Comparison) -> str:
-    rows = _dict_rows(cmp)
-    buf = io.StringIO()
-    if rows:    # csv.DictWriter's text, written a column at a time (each text made safe once)
-        names = list(rows[0])
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(names)
-        w.writerows(zip(*(csv_cells([r.get(k, "") for r in rows]) for k in names)))
-    return buf.getvalue()
+    """csv.DictWriter's text of _dict_rows, written a column at a time (render/csvtext.py:
+    each text made safe and quoted once, numbers formatted in one call)."""
+    if not cmp.rows:
+        return ""
+    cols = _row_columns(cmp)
+    for d in _dict_rows(Comparison(cmp.metric, cmp.axis, cmp.baseline, geomean=cmp.geomean)):
+        for k, values in cols.items():
+            values.append(d.get(k, ""))
+    lines = [",".join(map(quote, cols))]
+    lines += map(",".join, zip(*(fields(_safe(v)) for v in cols.values())))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _safe(values: list[Any]) -> list[Any]:
+    """csv_cells of a column that holds text; numbers, bools and None are their own cells."""
+    return csv_cells(values) if str in set(map(type, values)) else values
+
+
+def _row_columns(cmp: Comparison) -> dict[str, list[Any]]:
+    """Row.to_dict of every row, as columns (the same keys, in the same order)."""
+    rows, m = cmp.rows, cmp.metric
+    ratios = [r.ratio for r in rows]
+    cols: dict[str, list[Any]] = {k: [getattr(r, k) for r in rows]
+                                  for k in ("model", "config", "variant", "run", "status")}
+    cols["metric"], cols["unit"] = [m.name] * len(rows), [m.unit] * len(rows)
+    cols["value"] = [None if r.value is None else r.value / m.scale for r in rows]
+    for k in ("baseline", "verdict", "regression", "noise"):
+        cols[k] = [getattr(r, k) for r in rows]
+    cols["gain"] = [x.gain if x else None for x in ratios]
+    cols["ci_low"] = [x.low if x else None for x in ratios]
+    cols["ci_high"] = [x.high if x else None for x in ratios]
+    cols["significant"] = [x.significant if x else None for x in ratios]
+    return cols
 
 
 def render_json(cmp: Comparison) -> str:

@@ -4,31 +4,73 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from pydantic_core import to_json
 
 from fusebench.render.compare_table import markdown_table
+from fusebench.render.csvtext import fields, quote
 from fusebench.render.escape import cell as safe_cell, cells as safe_cells
 from fusebench.results.bulk import paused_gc
-from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, file_rows, load_results, \
-    ordered_columns
+from fusebench.results.columns import Const, file_columns
+from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, load_results, ordered_columns
+
+if TYPE_CHECKING:      # pandas is imported by the DataFrame exports only (~0.5 s)
+    import pandas as pd
 
 
-# ensure_ascii (the default) writes every control character as \uXXXX, and the text starts
-# with [ or {, never a formula: JSON of a list or dict is already a safe cell
-_JSON = json.JSONEncoder(default=str)
-# JSONEncoder.encode builds its C encoder anew on every call (~as long as encoding a short
-# list): one C encoder with the same settings serves every cell (no circular check: the values
-# come from parsed JSON)
+# JSON cells (lists, dicts) are compact and ASCII-only: pydantic-core (installed with typer)
+# writes them ~10x faster than the json module, whose per-float repr was most of the cost of a
+# 100,000-record export (40 step samples a row). Its text is used only when it is pure ASCII
+# without DEL: then every control character is a \uXXXX or \n-style escape, as the json
+# module's ensure_ascii writes it; anything else goes through the json module (same
+# separators). JSON of a list or dict starts with [ or {, never a formula: a safe cell.
 _C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
-    None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    None, str, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+_JSON = json.JSONEncoder(default=str, separators=(",", ":"))
+
+
+def _json_slow(v: Any) -> str:
+    return "".join(_C_ENCODER(v, 0)) if _C_ENCODER else _JSON.encode(v)
+
+
+def _to_json(v: Any) -> bytes:
+    return to_json(v, inf_nan_mode="constants", fallback=str)
 
 
 def _json(v: Any) -> str:
-    return "".join(_C_ENCODER(v, 0)) if _C_ENCODER else _JSON.encode(v)
+    try:
+        b = _to_json(v)
+    except (TypeError, ValueError):     # pydantic_core.PydanticSerializationError is one
+        return _json_slow(v)
+    return b.decode() if b.isascii() and b"\x7f" not in b else _json_slow(v)
+
+
+_SEP = "\x00"                       # between a column's values in its one JSON text
+_SEP_JSON = ',"\\u0000",'
+
+
+def _json_all(values: Sequence[Any]) -> list[str]:
+    """_json of each value of a column of lists and dicts, in one call of the encoder: the
+    column's values with a separator string between them, written as one JSON list and split
+    at the separators. Exact when the separator's text occurs only between values (a value
+    holding it makes more pieces: then one call per value)."""
+    if len(values) == 0:
+        return []
+    mixed: list[Any] = [_SEP] * (2 * len(values) - 1)
+    mixed[::2] = values
+    try:
+        b = _to_json(mixed)
+    except (TypeError, ValueError):
+        return list(map(_json, values))
+    if not b.isascii() or b"\x7f" in b:
+        return list(map(_json, values))
+    parts = b.decode()[1:-1].split(_SEP_JSON)
+    return parts if len(parts) == len(values) else list(map(_json, values))
 
 
 _CONTAINERS = (list, tuple, dict)
@@ -48,12 +90,15 @@ def _column_text(values) -> list[Any]:
     once (env columns repeat one value 100,000 times, names and modes a few); numbers, bools
     and None pass unchanged."""
     kinds = set(map(type, values))
+    if kinds and kinds <= set(_CONTAINERS):
+        return _json_all(values)
     if not kinds <= {str, int, float, bool, type(None)}:
         return [_cell_text(v) for v in values]
     return safe_cells(values)
 
 
 def to_csv(df: pd.DataFrame) -> str:
+    import pandas as pd
     # only non-numeric columns hold text, lists or dicts: numeric columns pass untouched
     out = df.copy(deep=False)
     for col in [c for c in out.columns if not pd.api.types.is_numeric_dtype(out[c])]:
@@ -63,7 +108,7 @@ def to_csv(df: pd.DataFrame) -> str:
 
 
 def _fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -87,21 +132,39 @@ def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
 _INT64 = (-2 ** 63, 2 ** 63)
 
 
-def _column_strings(values: list[Any]) -> list[Any]:
-    """One column's cells as to_csv writes them (the csv module writes None as an empty cell
-    and a float by repr, as pandas does): ints in a column with floats or gaps are floats
-    (pandas makes it float64); lists and dicts are JSON; text is made safe for spreadsheets."""
-    kinds = set(map(type, values))
+def _kinds(segments: list[list[Any] | Const]) -> set[type]:
+    kinds: set[type] = set()
+    for seg in segments:
+        kinds |= {type(seg.value)} if isinstance(seg, Const) else set(map(type, seg))
+    return kinds
+
+
+def _ints(segments: list[list[Any] | Const]) -> list[int]:
+    return [v for seg in segments for v in ((seg.value,) if isinstance(seg, Const) else seg)
+            if type(v) is int]
+
+
+def _as_floats(values: list[Any]) -> list[Any]:
+    return [v if type(v) is not int else float(v) for v in values]
+
+
+def _column_render(segments: list[list[Any] | Const]):
+    """How one column's cells are written (a function of a list of its values), decided from
+    all its values as pandas infers the column's dtype: ints in a column with floats or gaps
+    are floats (float64); ints, bools, floats and gaps are written by the csv module's rules
+    (None empty, a float by repr, as pandas does); lists and dicts are JSON; text is made safe
+    for spreadsheets. Each value's cell depends only on it and the decision, so the function
+    serves each file's part of the column (and a constant once)."""
+    kinds = _kinds(segments)
     none = type(None) in kinds
     kinds.discard(type(None))
     if kinds and kinds <= {int, float} and (float in kinds or none):
-        if int not in kinds or _INT64[0] <= min(v for v in values if type(v) is int) and \
-                max(v for v in values if type(v) is int) < _INT64[1]:
-            return ([v if type(v) is not int else float(v) for v in values]  # float64
-                    if int in kinds else values)
+        ints = _ints(segments) if int in kinds else ()
+        if not ints or _INT64[0] <= min(ints) and max(ints) < _INT64[1]:
+            return (lambda vs: fields(_as_floats(vs))) if ints else fields
     if not kinds & {str, list, tuple, dict}:
-        return values           # ints, bools, floats, gaps: the csv module writes them as pandas
-    return _column_text(values)
+        return fields
+    return lambda vs: fields(_column_text(vs))
 
 
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
@@ -111,63 +174,43 @@ def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
 
 
 def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
-    tables = [t for t in map(file_rows, as_paths(paths)) if t.rows]
+    tables = [t for t in map(file_columns, as_paths(paths)) if t.n]
     if not tables:
         return to_csv(load_results([]))
     columns = ordered_columns(dict.fromkeys(
-        c for t in tables for c in (*t.head, *t.columns, *t.env)))
-    cols = []
+        c for t in tables for c in (*t.head, *t.names, *t.env)))
+    parts: list[list[list[str] | str]] = [[] for _ in tables]    # each table's cells
     for c in columns:
-        values: list[Any] = []
-        for t in tables:
-            const = t.head if c in t.head else t.env if c in t.env else None
-            values += ([const[c]] * len(t.rows) if const is not None
-                       else [r.get(c) for r in t.rows])
-        cols.append(values)
-    del tables      # the row dicts: the columns hold their values
-    for i, values in enumerate(cols):
-        cols[i] = _fields(_column_strings(values))
+        segments = [t.columns.get(c, _GAP) for t in tables]
+        render = _column_render(segments)
+        for part, seg, t in zip(parts, segments, tables):
+            part.append(render([seg.value])[0] if isinstance(seg, Const) else render(seg))
+            t.columns.pop(c, None)      # its values: only their text is kept
     if len(columns) < 2:        # the csv module quotes a row of one empty field: let it
+        cells = [v for part, t in zip(parts, tables)
+                 for v in ([part[0]] * t.n if isinstance(part[0], str) else part[0])]
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows([columns, *zip(*cols)])
+        csv.writer(buf, lineterminator="\n").writerows([columns, *zip(cells)])
         return buf.getvalue()
-    return ",".join(map(_quote, columns)) + "\n" + "".join(
-        f"{line}\n" for line in map(",".join, zip(*cols)))
+    out = [",".join(map(quote, columns))]
+    for part, t in zip(parts, tables):
+        out.extend(map(",".join, zip(*_merged(part, t.n))))
+    out.append("")
+    return "\n".join(out)
 
 
-def _quoted_chars() -> frozenset[str]:
-    """The characters that make csv.writer (QUOTE_MINIMAL, lineterminator "\\n", as pandas
-    uses it) quote a field, asked of this Python's csv module (3.13 added "\\r")."""
-    def quoted(c: str) -> bool:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow([f"a{c}b", "x"])
-        return buf.getvalue().startswith('"')
-    return frozenset(c for c in map(chr, range(128)) if quoted(c))
+_GAP = Const(None)       # a column a file lacks: empty cells (NaN in the DataFrame)
 
 
-_QUOTED = _quoted_chars()
-
-
-def _quote(s: str) -> str:
-    """One text field as csv.writer writes it: in quotes (inner quotes doubled) when needed."""
-    if any(c in s for c in _QUOTED):
-        return '"' + s.replace('"', '""') + '"'
-    return s
-
-
-def _fields(values: list[Any]) -> list[str]:
-    """Each cell of a column as csv.writer writes it: None empty, a number or bool by str (a
-    float's str is its repr), text quoted when needed; each distinct text quoted once."""
-    kinds = set(map(type, values))
-    if str not in kinds:
-        return (["" if v is None else str(v) for v in values] if type(None) in kinds
-                else list(map(str, values)))
-    texts: dict[Any, str] = {v: _quote(v) for v in set(values) if type(v) is str}
-    texts[None] = ""
-    out = list(map(texts.get, values, values))
-    if kinds - {str, type(None)}:
-        out = [x if type(x) is str else str(x) for x in out]
-    return out
+def _merged(part: list[list[str] | str], n: int) -> list[Any]:
+    """A table's columns for zip: runs of constant cells joined once, repeated n times."""
+    out: list[Any] = []
+    for cells in part:
+        if isinstance(cells, str) and out and isinstance(out[-1], str):
+            out[-1] += "," + cells
+        else:
+            out.append(cells)
+    return [repeat(x, n) if isinstance(x, str) else x for x in out]
 
 
 EXPORTERS = {"csv": to_csv, "markdown": to_markdown}

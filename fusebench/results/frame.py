@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fusebench.errors import UsageError
 from fusebench.results.bulk import paused_gc
 from fusebench.results.document import load_checked
 from fusebench.spec import PARTS, CellSpec
+
+if TYPE_CHECKING:      # imported where a DataFrame is built: the CSV export needs none (~0.5 s)
+    import pandas as pd
 
 # Columns of the compact (markdown) export, in this order, when present (render/export.py).
 SUMMARY_COLUMNS = ("model", "mode", "impl", "family", "shape", "direction", "bench",
@@ -164,6 +165,7 @@ def _file_rows(p: Path) -> FileRows:
 
 
 def _file_frame(p: Path) -> pd.DataFrame:
+    import pandas as pd
     rows, _, head, env = file_rows(p)
     if not rows:
         return pd.DataFrame()
@@ -191,6 +193,7 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 
 def _load_results(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    import pandas as pd
     frames = [f for f in (_file_frame(p) for p in as_paths(paths)) if not f.empty]
     if not frames:
         return pd.DataFrame()

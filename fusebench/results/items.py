@@ -11,6 +11,7 @@ tests/test_items.py checks that both give the same Item for every kind of record
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
@@ -94,6 +95,18 @@ def _options(opts: dict[str, Any] | None) -> str:
     return ("[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())) + "]") if opts else ""
 
 
+@functools.lru_cache(maxsize=1024)
+def _tail(cl: bool, dtype: str, amp: bool, amp_dtype: str | None, device: str) -> list[str]:
+    """The config label's layout, dtype, amp and device words: a few distinct ones per file,
+    each built once (not per record of 100,000)."""
+    parts = ["NHWC"] if cl else []
+    parts.append(dtype.replace("float", "fp").replace("bfp16", "bf16"))
+    if amp:
+        parts.append(f"amp-{DTYPES[amp_dtype].short}" if amp_dtype in DTYPES else "amp")
+    parts.append(device)
+    return parts
+
+
 def _identity(s: dict[str, Any]) -> tuple[tuple, str, str, str, int]:
     """(cell_key, variant, subject, config_label, samples per step) of a spec dict."""
     m, k, dist = s.get("model"), s.get("kernel"), s.get("dist")
@@ -102,31 +115,29 @@ def _identity(s: dict[str, Any]) -> tuple[tuple, str, str, str, int]:
     if m:
         name, bench = m["name"], m.get("bench", _DM["bench"])
         bs, img = m.get("batch_size", _DM["batch_size"]), m.get("img_size", _DM["img_size"])
-        amp, amp_dtype, kw = m.get("amp", False), m.get("amp_dtype"), m.get("kwargs") or {}
-        what = ("model", name, bench, bs, img, amp, _freeze(kw)) + ((amp_dtype,) if amp_dtype
-                                                                    else ())
-        parts = [bench, f"b{bs}"] + ([str(img)] if img else [])
+        amp, amp_dtype, kw = m.get("amp", False), m.get("amp_dtype"), m.get("kwargs")
+        what = ("model", name, bench, bs, img, amp, _freeze(kw) if kw else ()) + (
+            (amp_dtype,) if amp_dtype else ())
+        parts = [bench, f"b{bs}", str(img)] if img else [bench, f"b{bs}"]
         subject, variant, per_step = name, mode, bs
     else:
+        amp = amp_dtype = kw = None
         shape, direction = tuple(k["shape"]), k.get("direction", _DK["direction"])
         what = ("kernel", k["family"], shape, direction)
         parts = [direction, "x".join(str(x) for x in shape)] + ([mode] if mode != "eager"
                                                                else [])
         subject, variant, per_step = k["family"], k["impl"], shape[0]
     key = (what, cl, dtype, device) + ((("mode", mode),) if not m else ())
-    if cl:
-        parts.append("NHWC")
-    parts.append(dtype.replace("float", "fp").replace("bfp16", "bf16"))
-    if m and amp:
-        parts.append(f"amp-{DTYPES[amp_dtype].short}" if amp_dtype in DTYPES else "amp")
-    parts.append(device)
+    parts += _tail(cl, dtype, bool(m and amp), amp_dtype, device)
     if dist:
         ws = dist["nproc"] * dist.get("nnodes", 1)
         key += (("dist", dist["strategy"] if "strategy" in dist else dist["kind"], ws),)
         parts.append(f"ws{ws}")
-    if m and kw:
+    if kw:
         parts.append(",".join(f"{a}={b}" for a, b in sorted(kw.items())))
-    return key, variant + _options(s.get("mode_options")), subject, " ".join(parts), per_step
+    opts = s.get("mode_options")
+    return key, variant + _options(opts) if opts else variant, subject, " ".join(parts), \
+        per_step
 
 
 def _events(d: dict[str, Any]) -> Iterable[tuple[str, str]]:
