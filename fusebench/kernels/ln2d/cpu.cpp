@@ -39,7 +39,8 @@ constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, th
 // (C, B) tile), wider C the per-row path (bwd_rows). Remeasured after bwd_rows lost its
 // gathers (8xCx56x56 fp32, 1 thread, interleaved, load ~5, tile / row / aten ms): C=3
 // 0.37 / 0.65 / 1.94, C=8 0.79 / 0.43 / 0.75, C=16 0.77 / 0.40 / 0.50, C=40 3.35 / 0.86 /
-// 1.08, C=48 3.87 / 0.96 / 1.20 (before the fix the row path was the slower one up to 48). Forward of a channels-last x is always per row.
+// 1.08, C=48 3.87 / 0.96 / 1.20 (before the fix the row path was the slower one up to 48).
+// Forward of a channels-last x is always per row.
 constexpr int64_t kBwdTileMaxC = 4;
 
 // Row stride of the (C, B) transpose buffers: one cache line more than B. With rows of exactly
