@@ -8,7 +8,8 @@ Variants: `eager`; `fused` (today's binding: the C++ kernel on either layout of 
 `fused_aten_cl` (the old "cpu|channels_last" binding: the kernel on NCHW x, aten's layer_norm
 over the NHWC view on channels-last x). convnext_official is tests/assets/convnext_official.py
 at convnext_atto's depths and widths, as benchmarks/fused_mode.py loads it. Prints the median
-step ms of each variant, eager/variant (> 1: faster than eager) and the load average."""
+step ms of each variant, eager/variant (> 1: faster than eager), the same per round (paired)
+and the old binding's step / the new one's, and the load average."""
 from __future__ import annotations
 
 import argparse
@@ -98,9 +99,15 @@ def main(argv=None) -> int:
             step(m)
             ts[k].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in ts.items()}
+    # paired: each round's eager / variant and old binding / new, median over rounds (load
+    # that comes and goes between rounds cancels within a round)
+    paired = {k: statistics.median(e / v for e, v in zip(ts["eager"], ts[k])) for k in ts}
+    new_vs_old = statistics.median(o / n for o, n in zip(ts["fused_aten_cl"], ts["fused"]))
     print(f"{args.model} {args.layout} b{args.batch} {args.size}px threads {args.threads}, "
           f"{args.rounds} rounds, load {os.getloadavg()[0]:.2f}: " + ", ".join(
-              f"{k} {v:.1f} ms ({med['eager'] / v:.2f}x)" for k, v in med.items()), flush=True)
+              f"{k} {v:.1f} ms ({med['eager'] / v:.2f}x, paired {paired[k]:.2f}x)"
+              for k, v in med.items()) + f"; fused_aten_cl/fused paired {new_vs_old:.2f}x",
+          flush=True)
     return 0
 
 
