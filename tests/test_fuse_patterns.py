@@ -60,8 +60,8 @@ KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se["}
 
 def ran(y: torch.Tensor) -> Counter:
     """Fused nodes in y's autograd graph, per pattern (a MultiOpFunction's ctx is its node).
-    ln2d's cpu binding runs aten's layer_norm on channels-last x (binding.resolve_ln2d), which
-    leaves no node of its own: ln2d is counted by site calls (site_calls) instead."""
+    ln2d's nodes are not MultiOpFunctions (binding.resolve_ln2d binds the kernel's own
+    autograd.Function): ln2d is counted by site calls (site_calls) instead."""
     out: Counter = Counter()
     for node in autograd_nodes(y):
         name = type(node).__name__
@@ -191,6 +191,22 @@ def test_each_ln_over_channels_spelling_is_one_ln2d_site(cls, site_calls):
     y = check_step(model, ref, (image() * 3 + 2,))
     assert site_calls == {"fused_ln2d": 1}
     assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES     # NCHW x: our kernel's node
+
+
+@pytest.mark.parametrize("cls", [PermuteLN, lambda c: convnext_official.LayerNorm(
+    c, data_format="channels_first")], ids=["permute", "official_channels_first"])
+def test_ln2d_site_on_channels_last_x_runs_the_kernel(cls, site_calls):
+    """A channels-last x (every LN after ConvNeXt's stem) runs the C++ kernel's per-row path
+    too, not aten's layer_norm, and matches float64 eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 80, 1), cls(80)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"ln2d": 1}, (result.sites, result.notes)
+    x = (image() * 3 + 2).contiguous(memory_format=torch.channels_last)
+    y = check_step(model, ref, (x,))
+    assert site_calls == {"fused_ln2d": 1}
+    assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES
 
 
 def test_events_say_what_did_not_fuse_and_where_tracing_failed():

@@ -99,6 +99,20 @@ def test_cpu_channels_last_out(shape, dy_layout):
     assert seen["y_cl"] or shape[1] == 1
 
 
+# channels-last x: the per-row path (bwd_rows) at ConvNeXt's widths, and the tiled backward
+# below its cut (C <= 4); through the custom op and the Function the fuser binds
+@pytest.mark.parametrize("shape", [(2, 4, 5, 7), (2, 8, 5, 7), (2, 80, 5, 7), (1, 160, 3, 5),
+                                   (3, 320, 2, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("entry", ["op", "function"])
+def test_cpu_channels_last_rows(shape, entry):
+    _impl("cpu")
+    fn = cpu.ln2d_cpu if entry == "op" else cpu.ln2d_cpu_function
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    x = x.contiguous(memory_format=torch.channels_last)
+    assert_close(run_and_compare(fn, x), 1e-4)
+    assert_close(run_and_compare(fn, 1e4 + x), 1e-3)          # the shift keeps a large mean
+
+
 def test_cpu_huge_page_hint_changes_no_result():
     """The huge-page hint only changes how output memory is faulted in, never a value."""
     _impl("cpu")

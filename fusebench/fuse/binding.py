@@ -113,13 +113,14 @@ def _bind_one(family: str, name: str, device: str, notes: list) -> Pure:
 def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
     """The impl ln2d `auto` means here (cpu / triton), or `function` with a kernel_fallback note.
 
-    cpu: bound as "cpu|channels_last". An NCHW x runs the C++ kernel (as cpu.LN2dCpuFunction:
-    the custom op's per-call dispatch cost as much as the kernel at small shapes) with
-    channels_last_out=True:
-    y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp 1x1
-    convs after it run oneDNN's faster NHWC path. A channels-last x (everything after the first
-    LN) runs aten's layer_norm over the free NHWC view, which beats the C++ kernel's
-    channels-last path at the widths ConvNeXt uses (figures: docs/figures.md, docs/fused.md)."""
+    cpu: the C++ kernel as cpu.LN2dCpuFunction (the custom op's per-call dispatch cost as much
+    as the kernel at small shapes) with channels_last_out=True, for either layout of x. On an
+    NCHW x y comes out channels-last as permute + layer_norm (eager) returns it, so the ConvMlp
+    1x1 convs after it run oneDNN's faster NHWC path. A channels-last x (everything after the
+    first LN) runs the kernel's per-row path, which since its backward lost GCC's gathers
+    beats aten's layer_norm over the NHWC view at every ConvNeXt width, C = 40..768
+    (benchmarks/ln2d_channels_last.py, docs/fused.md); before that the binding was
+    "cpu|channels_last" (aten on channels-last x)."""
     name, reason = ln2d_auto.resolve(device)
     if name is None:
         notes.append(("kernel_fallback", f"ln2d auto unavailable ({reason}); "
@@ -127,18 +128,9 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
         return ln2d_auto.FALLBACK, get_impl("ln2d", ln2d_auto.FALLBACK).fn
     fn = get_impl("ln2d", name).fn
     if name == "cpu":   # the kernel as an autograd.Function: no custom-op dispatch per call
-        name, fn = "cpu|channels_last", _ln2d_by_layout(
-            functools.partial(ln2d_cpu.ln2d_cpu_function, channels_last_out=True),
-            get_impl("ln2d", "channels_last").fn)
+        fn = functools.partial(ln2d_cpu.ln2d_cpu_function, channels_last_out=True)
     notes.append(("info", f"ln2d: kernel = '{name}'"))
     return name, fn
-
-
-def _ln2d_by_layout(nchw: Callable, cl: Callable) -> Callable:
-    def ln2d(x, weight, bias, eps):
-        dense_cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        return (cl if dense_cl else nchw)(x, weight, bias, eps)
-    return ln2d
 
 
 @dataclass(frozen=True)

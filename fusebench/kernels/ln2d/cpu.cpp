@@ -6,13 +6,14 @@
 // pass over the cached tile writes y. Backward does the same with x and dy: one pass for the two
 // channel sums and the dweight/dbias partials, a second (cached) pass writes dx. During a
 // task's second pass the next task's tile is prefetched (prefetch_part).
-// Channels-last memory (NHWC): each position's C values are contiguous; two-pass over the
-// L1-resident row, vectorised along C.
+// Channels-last memory (NHWC): each position's C values are contiguous, so it is a last-dim
+// LayerNorm over N*H*W rows of C: rows split over threads, each row's passes over its
+// L1-resident C values vectorised along C, dweight/dbias summed per thread part then reduced.
 // Shift: statistics are taken of x - x[:, 0] (the first channel at the same position), so an
 // input with a large mean (1e4 + noise) keeps its precision: the subtraction of nearby floats is
 // exact. The saved `mean` is that shifted mean; backward re-reads x[:, 0] to undo it.
 // Accumulation is in float for float/bfloat16 inputs, double for double. dweight/dbias partials
-// are per chunk (fixed chunking, so results are deterministic) and summed at the end.
+// are per chunk (fixed chunking, so results are deterministic; PartSums) and summed at the end.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "../huge_pages.h"
@@ -34,11 +36,12 @@ constexpr int64_t kMaxBlock = 512;
 constexpr int64_t kTileBytes = 192 * 1024;  // per tensor tile; bwd keeps two (x, dy) in L2
 constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, threads cost more
 // Backward of a channels-last x with C up to this runs the tiled path (rows transposed into a
-// (C, B) tile), wider C the per-row path. 8xCx56x56 fp32, 2 threads, tile vs row: C=32 1.7 vs
-// 2.1 ms, C=40 2.0 vs 2.7, C=48 2.5 vs 3.3, C=56 2.9 vs 3.2 (row fwd saves more there),
-// C=64 3.3 vs 3.4 and 0.8 vs 0.7 ms at 28x28. Forward of a channels-last x is always per row
-// (faster at every C measured, 32..320).
-constexpr int64_t kBwdTileMaxC = 48;
+// (C, B) tile), wider C the per-row path (bwd_rows). Remeasured after bwd_rows lost its
+// gathers (8xCx56x56 fp32, 1 thread, interleaved, load ~5, tile / row / aten ms): C=3
+// 0.37 / 0.65 / 1.94, C=8 0.79 / 0.43 / 0.75, C=16 0.77 / 0.40 / 0.50, C=40 3.35 / 0.86 /
+// 1.08, C=48 3.87 / 0.96 / 1.20 (before the fix the row path was the slower one up to 48).
+// Forward of a channels-last x is always per row.
+constexpr int64_t kBwdTileMaxC = 4;
 
 // Row stride of the (C, B) transpose buffers: one cache line more than B. With rows of exactly
 // B = 512 fp32 (2 KiB), the C rows of a tile map to the same few L1 sets, and the transposes
@@ -65,6 +68,33 @@ void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn)
     for (int64_t p = p0; p < p1; ++p) fn(p, p * n / parts, (p + 1) * n / parts);
   });
 }
+
+// Per-part dweight/dbias partial sums, each part's two rows of C on cache lines of their own.
+// Packed at a stride of C in a malloc'ed vector (16-byte aligned), two threads' partials
+// shared a line at every part boundary, and the channels-last backward updates them once per
+// row: the line bounced between the cores (2 threads, 8x80x28x28: 1.6x aten's backward; aten's
+// own buffer is a 64-byte aligned tensor with C a multiple of 16 floats at these widths).
+template <typename A>
+class PartSums {
+ public:
+  PartSums(int64_t parts, int64_t C)
+      : C_(C), ld_((C + kLine - 1) / kLine * kLine), buf_(parts * 2 * ld_ + kLine, A(0)) {
+    const auto p = reinterpret_cast<uintptr_t>(buf_.data());
+    base_ = buf_.data() + ((64 - p % 64) % 64) / sizeof(A);
+  }
+  A* dw(int64_t p) { return base_ + p * 2 * ld_; }
+  A* db(int64_t p) { return base_ + p * 2 * ld_ + ld_; }
+  void add_to(A* dw_out, A* db_out, int64_t parts) {
+    for (int64_t p = 0; p < parts; ++p)
+      for (int64_t c = 0; c < C_; ++c) { dw_out[c] += dw(p)[c]; db_out[c] += db(p)[c]; }
+  }
+
+ private:
+  static constexpr int64_t kLine = 64 / sizeof(A);
+  int64_t C_, ld_;
+  std::vector<A> buf_;
+  A* base_;
+};
 
 // ---------------------------------------------------------------- NCHW
 // y_nhwc: y is written channels-last (each position's C values contiguous), as permute +
@@ -163,15 +193,15 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
   const int64_t B = block_len(C, sizeof(T)), ld = tile_ld(B, sizeof(T));
   const int64_t nblk = (HW + B - 1) / B;
   const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
-  std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
+  PartSums<A> part(parts, C);
   const A invC = A(1) / A(C);
   parallel_chunks(N * nblk, parts, grain(C * B), [&](int64_t p, int64_t t0, int64_t t1) {
     alignas(64) A kk[kMaxBlock], mm[kMaxBlock], rr[kMaxBlock], sg[kMaxBlock], sgx[kMaxBlock];
     std::vector<T> dybuf(dy_nhwc ? C * ld : 0);
     std::vector<T> xbuf(x_nhwc ? C * ld : 0), dxbuf(x_nhwc ? C * ld : 0);  // dx: x's
     const int64_t xs = x_nhwc ? ld : HW;
-    A* dwp = pdw.data() + p * C;
-    A* dbp = pdb.data() + p * C;
+    A* dwp = part.dw(p);
+    A* dbp = part.db(p);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = t / nblk, hw0 = (t % nblk) * B;
       const int64_t L = std::min(B, HW - hw0);
@@ -230,8 +260,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
       if (x_nhwc) store_tile(dxbuf.data(), dx + (n * HW + hw0) * C, L, C, ld);
     }
   });
-  for (int64_t p = 0; p < parts; ++p)
-    for (int64_t c = 0; c < C; ++c) { dw[c] += pdw[p * C + c]; db[c] += pdb[p * C + c]; }
+  part.add_to(dw, db, parts);
 }
 
 // ---------------------------------------------------------------- channels-last (NHWC memory)
@@ -263,47 +292,52 @@ void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_
   });
 }
 
+// Rows [r0, r1) of a channels-last backward. A plain function with __restrict pointer
+// parameters, not a lambda body: inside the parallel lambda the captured pointers are
+// references, and GCC vectorised the `omp simd` loops over them with gathers (vgatherqps, 12
+// in the build) - what made this path 1.4-2x slower than aten's row backward at C = 80..320.
+// Two passes over the L1-resident row: the two row sums, then one pass that updates this
+// part's dweight/dbias partials and writes dx (the old three-pass split was only needed for
+// the gather-vectorised build).
+template <typename T, typename A>
+void bwd_rows(const T* __restrict dy, const T* __restrict x, const A* __restrict mean,
+              const A* __restrict rstd, const A* __restrict w, T* __restrict dx,
+              A* __restrict dwp, A* __restrict dbp, int64_t r0, int64_t r1, int64_t C) {
+  const A invC = A(1) / A(C);
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* __restrict xr = x + r * C;
+    const T* __restrict dyr = dy + r * C;
+    T* __restrict dxr = dx + r * C;
+    const A k = static_cast<A>(xr[0]), m = mean[r], rs = rstd[r];
+    A sg = 0, sgx = 0;  // sum(g), sum(g * (x - k - m)) with g = dy * w
+#pragma omp simd reduction(+ : sg, sgx)
+    for (int64_t c = 0; c < C; ++c) {
+      const A g = static_cast<A>(dyr[c]) * w[c];
+      sg += g;
+      sgx += g * (static_cast<A>(xr[c]) - k - m);
+    }
+    sg *= invC;
+    sgx *= rs * invC;  // mean of g * xhat
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
+      const A d = static_cast<A>(dyr[c]);
+      dwp[c] += d * xh;
+      dbp[c] += d;
+      dxr[c] = static_cast<T>(rs * (d * w[c] - sg - xh * sgx));
+    }
+  }
+}
+
 template <typename T, typename A>
 void bwd_nhwc(const T* dy, const T* x, const A* mean, const A* rstd, const A* w, T* dx, A* dw,
               A* db, int64_t rows, int64_t C) {
   const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
-  std::vector<A> pdw(parts * C, A(0)), pdb(parts * C, A(0));
-  const A invC = A(1) / A(C);
+  PartSums<A> part(parts, C);
   parallel_chunks(rows, parts, grain(C), [&](int64_t p, int64_t r0, int64_t r1) {
-    A* dwp = pdw.data() + p * C;
-    A* dbp = pdb.data() + p * C;
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * C;
-      const T* dyr = dy + r * C;
-      T* dxr = dx + r * C;
-      const A k = static_cast<A>(xr[0]), m = mean[r], rs = rstd[r];
-      // Two loops, not one: with the dweight/dbias stores in the reduction loop GCC left it
-      // scalar (32x96x56x56 channels-last bwd: 30.7 ms; split, both vectorise).
-      A sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : sg, sgx)
-      for (int64_t c = 0; c < C; ++c) {
-        const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
-        const A g = static_cast<A>(dyr[c]) * w[c];
-        sg += g;
-        sgx += g * xh;
-      }
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const A d = static_cast<A>(dyr[c]);
-        dwp[c] += d * ((static_cast<A>(xr[c]) - k - m) * rs);
-        dbp[c] += d;
-      }
-      sg *= invC;
-      sgx *= invC;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
-        dxr[c] = static_cast<T>(rs * (static_cast<A>(dyr[c]) * w[c] - sg - xh * sgx));
-      }
-    }
+    bwd_rows(dy, x, mean, rstd, w, dx, part.dw(p), part.db(p), r0, r1, C);
   });
-  for (int64_t p = 0; p < parts; ++p)
-    for (int64_t c = 0; c < C; ++c) { dw[c] += pdw[p * C + c]; db[c] += pdb[p * C + c]; }
+  part.add_to(dw, db, parts);
 }
 
 // ---------------------------------------------------------------- checks + dispatch
