@@ -36,6 +36,11 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
                                      float(momentum), float(eps), ACT_CODES[act]))
 
 
+def apply(x, weight, bias, mean, invstd, act: str):
+    """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's write pass alone."""
+    return extension().apply(x, weight, bias, mean, invstd, ACT_CODES[act])
+
+
 def backward(dy, x, weight, bias, mean, invstd, act: str):
     """(dx, dweight, dbias) from the saved x, mean, invstd (the BN output is recomputed)."""
     return tuple(extension().backward(dy, x, weight, bias, mean, invstd, ACT_CODES[act]))
