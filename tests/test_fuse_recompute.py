@@ -1,6 +1,6 @@
 """Recompute instead of save (fuse/recompute.py): a fused BN + act output that feeds the fused
-depthwise conv is not kept for backward; the conv saves the BN input and statistics (already
-saved by the BN + act node) and rebuilds its input. Checked: the conv nodes really carry the
+depthwise conv or the fused SE is not kept for backward; the consumer saves the BN input and
+statistics (already saved by the BN + act node) and rebuilds its input. Checked: the conv nodes really carry the
 recipe, gradients match float64 eager (zoo EfficientNet and the torchvision-style asset, C++
 kernel and aten's sequence), activation bytes drop, and an output changed in place is saved
 as before."""
@@ -73,13 +73,28 @@ def test_dwconv_rebuilds_its_input_and_grads_match(name, impl, channels_last):
     assert len(nodes) == res.sites["dwconv"] > 0
     # every depthwise conv's input is a fused BN + act output: all rebuild it
     assert all(isinstance(n.recompute, recompute.Recompute) for n in nodes)
+    # and every SE's input (a BN + act output too): the engine rebuilds saved entry 0
+    se = [n for n in autograd_nodes(y) if type(n).__name__ == "MultiOpFunctionBackward"
+          and n.kernel.name.startswith("se")]
+    assert len(se) == res.sites.get("se_gate", 0) > 0
+    assert all(isinstance(n.recipes[0], recompute.Recompute) for n in se)
     assert err < 1e-9
 
 
-def test_activation_bytes_drop_by_the_dwconv_inputs():
-    """Exactly: each conv's input is spared, the (C,) weight / bias copies are added (the BN
-    input and statistics are the BN + act node's own saved storages). Channels-last: every
-    conv is a DwConvCpuFunction node in both runs (NCHW keeps some aten convs when saving)."""
+def consumers(y):
+    """(node, its saved input or None, its recipe or None) of every depthwise conv and SE."""
+    for n in autograd_nodes(y):
+        if type(n).__name__ == "DwConvCpuFunctionBackward":
+            yield n.saved_tensors[1] if n.recompute is None else None, n.recompute
+        elif type(n).__name__ == "MultiOpFunctionBackward" and n.kernel.name.startswith("se"):
+            yield n.saved_tensors[0] if n.recipes[0] is None else None, n.recipes[0]
+
+
+def test_activation_bytes_drop_by_the_consumers_inputs():
+    """Exactly: each depthwise conv's and SE's input is spared, the (C,) weight / bias copies
+    are added (the BN input and statistics are the BN + act node's own saved storages).
+    Channels-last: every conv is a DwConvCpuFunction node in both runs (NCHW keeps some aten
+    convs when saving)."""
     model = make("zoo").to(memory_format=torch.channels_last)
     fuse(model, "train")
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64).contiguous(
@@ -90,12 +105,12 @@ def test_activation_bytes_drop_by_the_dwconv_inputs():
         with (recompute.disabled() if key == "save" else torch.enable_grad()), counter.track():
             y = model(x)
         sizes[key] = counter.bytes
-        for n in dw_nodes(y):
+        for kept, recipe in consumers(y):
+            assert (recipe is None) == (key == "save")
             if key == "save":
-                assert n.recompute is None
-                delta += n.saved_tensors[1].untyped_storage().nbytes()
+                delta += kept.untyped_storage().nbytes()
             else:
-                delta -= sum(t.untyped_storage().nbytes() for t in n.recompute.tensors[3:])
+                delta -= sum(t.untyped_storage().nbytes() for t in recipe.tensors[3:])
         y.sum().backward()
     assert delta > 0 and sizes["save"] - sizes["recompute"] == delta
 

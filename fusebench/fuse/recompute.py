@@ -51,5 +51,11 @@ def tag(y: torch.Tensor, name: str, tensors, rebuild: Callable) -> torch.Tensor:
 
 def recipe_of(x: torch.Tensor) -> Recompute | None:
     """x's recipe, or None (untagged, or changed in place since it was tagged)."""
-    r = getattr(x, ATTR, None)
-    return r if r is not None and r.version == x._version and torch.is_grad_enabled() else None
+    r = getattr(x, ATTR, None)       # (inside an autograd.Function's forward grad is off)
+    return r if r is not None and r.version == x._version else None
+
+
+def saved(x: torch.Tensor):
+    """What a consumer saves for x: its recipe where it has one, else x."""
+    r = recipe_of(x)
+    return x if r is None else r
