@@ -1,7 +1,8 @@
-"""Recompute-instead-of-save on EfficientNet train (fuse/recompute.py): activation bytes of
-eager, fused without recompute and fused (load-independent: unique saved storages, parameters
-left out, as the worker counts them), then an interleaved whole-step A/B in one process
-(eager, fused-no-recompute, fused; medians of `--rounds` rounds).
+"""Recompute-instead-of-save (fuse/recompute.py) and bn_train on EfficientNet train: activation
+bytes of eager, `before` (fused without bn_train and with recompute off: the fused mode before
+this change) and fused (load-independent: unique saved storages, parameters left out, as the
+worker counts them), then an interleaved whole-step A/B in one process (medians of `--rounds`
+rounds of eager, before, fused).
 
   python benchmarks/mbconv_recompute.py [--model efficientnet_b0] [--cl] [--batch 8]
       [--size 160] [--threads 2] [--rounds 6] [--bytes-only]"""
@@ -16,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fusebench.fuse import fuse, recompute
+from fusebench.fuse import ORDER, fuse, graph_order, recompute
 from fusebench.measure.memory import SavedTensorBytes
 from fusebench.models import create_model
 
@@ -25,16 +26,17 @@ def _variants(name: str, mf) -> dict:
     torch.manual_seed(0)
     base = create_model(name)
     out = {}
-    for key in ("eager", "fused_save", "fused"):
+    names = [*ORDER, *graph_order()]
+    for key in ("eager", "before", "fused"):
         m = copy.deepcopy(base).to(memory_format=mf).train()
         if key != "eager":
-            fuse(m, "train", "cpu")
+            fuse(m, "train", "cpu", only=[n for n in names if key == "fused" or n != "bn_train"])
         out[key] = m
     return out
 
 
 def _ctx(key: str):
-    return recompute.disabled() if key == "fused_save" else contextlib.nullcontext()
+    return recompute.disabled() if key == "before" else contextlib.nullcontext()
 
 
 def _step(m, x, t):
@@ -70,7 +72,7 @@ def main() -> None:
     print(f"{a.model} {layout} b{a.batch} {a.size}px act bytes (MiB): "
           + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in sizes.items())
           + f"; fused/eager {sizes['fused'] / sizes['eager']:.3f}, "
-            f"fused_save/eager {sizes['fused_save'] / sizes['eager']:.3f}")
+            f"before/eager {sizes['before'] / sizes['eager']:.3f}")
     if a.bytes_only:
         return
     ts: dict[str, list[float]] = {k: [] for k in ms}
@@ -86,7 +88,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in ts.items()}
     print("  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
           + f"  | eager/fused {med['eager'] / med['fused']:.3f}x, "
-            f"fused_save/fused {med['fused_save'] / med['fused']:.3f}x")
+            f"before/fused {med['before'] / med['fused']:.3f}x, "
+            f"eager/before {med['eager'] / med['before']:.3f}x")
 
 
 if __name__ == "__main__":

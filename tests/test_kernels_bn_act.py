@@ -85,7 +85,7 @@ def test_cpu_large_mean_keeps_precision(layout):
 
 # every act once, silu in both layouts (the interpreter is slow: keep the cases few)
 TRITON_CASES = [("silu", "nchw"), ("silu", "channels_last"), ("relu", "channels_last"),
-                ("gelu", "nchw"), ("gelu_tanh", "channels_last")]
+                ("gelu", "nchw"), ("gelu_tanh", "channels_last"), ("identity", "nchw")]
 
 
 @pytest.mark.parametrize("act, layout", TRITON_CASES)

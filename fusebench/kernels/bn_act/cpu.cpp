@@ -1,4 +1,4 @@
-// Training-mode BatchNorm2d + activation (SiLU, ReLU, GELU) on CPU, forward and backward.
+// Training-mode BatchNorm2d + activation (SiLU, ReLU, GELU, or none) on CPU, forward and backward.
 //
 // Forward: one statistics pass over x (per-channel sums of x - k, k = the channel's first
 // value, a shift that keeps a large mean precise), then one pass writing y = act(z),
@@ -54,7 +54,7 @@ inline float tanh_(float v) { return tanhf(v); }
 inline double tanh_(double v) { return std::tanh(v); }
 
 // ---------------------------------------------------------------- activations: f and f'
-enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kIdentity = 4 };
 
 template <int K> struct Act;
 template <> struct Act<kSilu> {
@@ -91,12 +91,18 @@ template <> struct Act<kGeluTanh> {
   }
 };
 
+template <> struct Act<kIdentity> {  // BN alone (a projection's BN): z and 1
+  template <typename A> static A f(A z) { return z; }
+  template <typename A> static A d(A) { return A(1); }
+};
+
 template <typename F> void with_act(int64_t act, const F& f) {
   switch (act) {
     case kSilu: return f(Act<kSilu>{});
     case kRelu: return f(Act<kRelu>{});
     case kGelu: return f(Act<kGelu>{});
     case kGeluTanh: return f(Act<kGeluTanh>{});
+    case kIdentity: return f(Act<kIdentity>{});
   }
   TORCH_CHECK(false, "bn_act cpu: unknown activation code ", act);
 }

@@ -17,7 +17,7 @@ from fusebench.kernels.registry import register_impl
 EXT_NAME = "fusebench_bn_act_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
-ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}     # cpu.cpp's ActCode
+ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "identity": 4}  # cpu.cpp's
 
 KERNEL = CppKernel(EXT_NAME, SOURCE, "the bn_act cpu kernel runs")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
