@@ -1,8 +1,8 @@
 """Recompute-instead-of-save (fuse/recompute.py) and bn_train on EfficientNet train: activation
 bytes of eager, `before` (fused without bn_train and with recompute off: the fused mode before
-this change) and fused (load-independent: unique saved storages, parameters left out, as the
+this change), `save` (fused with recompute off) and fused (load-independent: unique saved storages, parameters left out, as the
 worker counts them), then an interleaved whole-step A/B in one process (medians of `--rounds`
-rounds of eager, before, fused).
+rounds of eager, before, save, fused).
 
   python benchmarks/mbconv_recompute.py [--model efficientnet_b0] [--cl] [--batch 8]
       [--size 160] [--threads 2] [--rounds 6] [--bytes-only]"""
@@ -27,16 +27,16 @@ def _variants(name: str, mf) -> dict:
     base = create_model(name)
     out = {}
     names = [*ORDER, *graph_order()]
-    for key in ("eager", "before", "fused"):
+    for key in ("eager", "before", "save", "fused"):
         m = copy.deepcopy(base).to(memory_format=mf).train()
         if key != "eager":
-            fuse(m, "train", "cpu", only=[n for n in names if key == "fused" or n != "bn_train"])
+            fuse(m, "train", "cpu", only=[n for n in names if key != "before" or n != "bn_train"])
         out[key] = m
     return out
 
 
 def _ctx(key: str):
-    return recompute.disabled() if key == "before" else contextlib.nullcontext()
+    return recompute.disabled() if key in ("before", "save") else contextlib.nullcontext()
 
 
 def _step(m, x, t):
@@ -72,7 +72,8 @@ def main() -> None:
     print(f"{a.model} {layout} b{a.batch} {a.size}px act bytes (MiB): "
           + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in sizes.items())
           + f"; fused/eager {sizes['fused'] / sizes['eager']:.3f}, "
-            f"before/eager {sizes['before'] / sizes['eager']:.3f}")
+            f"before/eager {sizes['before'] / sizes['eager']:.3f}, "
+            f"save/eager {sizes['save'] / sizes['eager']:.3f}")
     if a.bytes_only:
         return
     ts: dict[str, list[float]] = {k: [] for k in ms}
@@ -89,6 +90,7 @@ def main() -> None:
     print("  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
           + f"  | eager/fused {med['eager'] / med['fused']:.3f}x, "
             f"before/fused {med['before'] / med['fused']:.3f}x, "
+            f"save/fused {med['save'] / med['fused']:.3f}x, "
             f"eager/before {med['eager'] / med['before']:.3f}x")
 
 

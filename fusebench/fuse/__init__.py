@@ -6,6 +6,7 @@ The only package that knows both models and kernels.
   rule.py      Fusion, register_fusion, FuseContext, the FusedModule marker base
   fusions/     one file per fusion: its rewrite, its fused module, its kernel
   walk.py      the model walk: fuse_in_order, unfused_leaves
+  recompute.py a producer's output tagged with how to rebuild it: consumers save less
   fx/          the graph pass: trace the model (per submodule where tracing fails) and match
                what the code computes, in several spellings (fusions/fx_*.py), not class names
 
