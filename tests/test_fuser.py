@@ -30,7 +30,7 @@ SMALL = {"convnext": "convnext_atto", "efficientnet": "efficientnet_b0"}
 FAMILY_MODELS = sorted({SMALL.get(get_model_info(m).family, m) for m in smallest_per_family()})
 IMAGE_PX = {"efficientnet": 64}
 EXPECTED = {"convnext_atto": {"ln2d", "mlp_bias_gelu", "dwconv"},
-            "efficientnet_b0": {"bn_silu", "se_gate", "dwconv"}}
+            "efficientnet_b0": {"bn_silu", "bn_train", "se_gate", "dwconv"}}
 
 
 def build(name: str) -> nn.Module:
@@ -129,8 +129,9 @@ def test_bound_act_kernels_really_run(monkeypatch):
         for n in ("forward", "backward"):
             spy(bn_act_cpu.extension(), n)
     bn_silu = "bn_silu[bn_act_cpu:silu]" if bn_built else "bn_silu[function]"
+    bn_train = "bn_train[bn_act_cpu:identity]" if bn_built else "bn_train[identity]"
     x = torch.randn(2, 3, 32, 32)
-    for name, expect in (("efficientnet_b0", {bn_silu, "se_gate[cpu]"}),
+    for name, expect in (("efficientnet_b0", {bn_silu, bn_train, "se_gate[cpu]"}),
                          ("convnext_atto", {"bias_gelu_fc2[cpu|function,none]"})):
         calls.clear()
         model = create_model(name, num_classes=10).train()
@@ -143,8 +144,9 @@ def test_bound_act_kernels_really_run(monkeypatch):
         y.sum().backward()
         if name == "efficientnet_b0":
             n_act = res.sites["bn_silu"]               # one BN+SiLU fwd + bwd per site
-            if bn_built:
-                assert calls["forward"] == calls["backward"] == n_act, calls
+            if bn_built:                               # and one BN (identity act) per bn_train
+                n_bn = n_act + res.sites["bn_train"]
+                assert calls["forward"] == calls["backward"] == n_bn, calls
             else:
                 assert calls["silu_fwd"] >= n_act and calls["silu_bwd"] >= n_act, calls
             if act_cpu.build()[0]:

@@ -85,7 +85,7 @@ def test_cpu_large_mean_keeps_precision(layout):
 
 # every act once, silu in both layouts (the interpreter is slow: keep the cases few)
 TRITON_CASES = [("silu", "nchw"), ("silu", "channels_last"), ("relu", "channels_last"),
-                ("gelu", "nchw"), ("gelu_tanh", "channels_last")]
+                ("gelu", "nchw"), ("gelu_tanh", "channels_last"), ("identity", "nchw")]
 
 
 @pytest.mark.parametrize("act, layout", TRITON_CASES)
@@ -136,3 +136,29 @@ def test_cpu_one_value_per_channel_is_refused():
     with pytest.raises(RuntimeError, match="more than 1 value per channel"):
         cpu.forward(torch.randn(1, 3, 1, 1), torch.ones(3), torch.zeros(3), None, None,
                     MOMENTUM, EPS, "silu")
+
+
+def _apply_errs(mod, dtype, layout, act):
+    """apply (the write pass from saved statistics) against forward's own y and the float64
+    reference: what a consumer's backward rebuilds instead of saving."""
+    x, w, b, _, _, _ = _inputs((2, 40, 5, 3), dtype, layout)
+    y, mean, invstd = mod.forward(x, w, b, None, None, MOMENTUM, EPS, act)
+    z = mod.apply(x, w, b, mean, invstd, act)
+    assert z.stride() == x.stride() and z.dtype == x.dtype
+    return {"vs_forward": _rel(z, y), "vs_reference": _rel(z, bn_act_reference(x, w, b, EPS, act))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_cpu_apply_rebuilds_the_forward_output(act, layout, dtype):
+    _built()
+    assert_close(_apply_errs(cpu, dtype, layout, act), TOL[dtype])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_apply_rebuilds_the_forward_output(layout):
+    ok, reason = triton.available("cpu")
+    if not ok:
+        pytest.skip(reason)
+    assert_close(_apply_errs(triton, torch.float32, layout, "silu"), 2e-5)

@@ -6,6 +6,7 @@ The only package that knows both models and kernels.
   rule.py      Fusion, register_fusion, FuseContext, the FusedModule marker base
   fusions/     one file per fusion: its rewrite, its fused module, its kernel
   walk.py      the model walk: fuse_in_order, unfused_leaves
+  recompute.py a producer's output tagged with how to rebuild it: consumers save less
   fx/          the graph pass: trace the model (per submodule where tracing fails) and match
                what the code computes, in several spellings (fusions/fx_*.py), not class names
 
@@ -23,15 +24,15 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from fusebench.fuse.fusions import (bn_silu, conv_bn_fold, conv_bn_fold_seq, dwconv,  # noqa: F401
-                                    fx_bn_act, fx_fold, fx_ln2d, fx_ln_linear, fx_mlp, fx_se,
+from fusebench.fuse.fusions import (bn_silu, bn_train, conv_bn_fold,  # noqa: F401
+                                    conv_bn_fold_seq, dwconv, fx_bn_act, fx_fold, fx_ln2d, fx_ln_linear, fx_mlp, fx_se,
                                     ln2d, mlp_bias_gelu, se_gate, silu_me)
 from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
 from fusebench.fuse.walk import FuseResult, GraphPass, fuse_in_order, unfused_leaves
 
 ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate", "bn_silu",
-                          "mlp_bias_gelu", "ln2d", "silu_me")
+                          "bn_train", "mlp_bias_gelu", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_gate", "bn_act", "mlp",
                                 "conv_bn_fold_fx", "ln_linear")

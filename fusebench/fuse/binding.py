@@ -137,11 +137,13 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
 class BnActImpl:
     """A BN(train) + act kernel's pure pair (kernels/bn_act: forward(x, w, b, running_mean,
     running_var, momentum, eps, act) -> (y, mean, invstd); backward(dy, x, w, b, mean, invstd,
-    act) -> (dx, dw, db)) and which x it computes (runs_on(x); other x run aten's sequence)."""
+    act) -> (dx, dw, db)), which x it computes (runs_on(x); other x run aten's sequence) and
+    apply (the write pass from saved statistics: a consumer's backward recomputes y with it)."""
     name: str
     forward: Callable
     backward: Callable
     runs_on: Callable
+    apply: Callable     # (x, w, b, mean, invstd, act) -> y: the forward's write pass alone
 
 
 BN_ACT_IMPLS = {"cpu": bn_act_cpu, "triton": bn_act_triton}
@@ -166,4 +168,5 @@ def resolve_bn_act(device: str, notes: list, impl: str | None = None) -> BnActIm
                                              f"ran 'aten' instead"))
             mod, name = None, "aten"
     notes.append(("info", f"bn_act: kernel = '{name}'"))
-    return None if mod is None else BnActImpl(name, mod.forward, mod.backward, mod.runs_on)
+    return None if mod is None else BnActImpl(name, mod.forward, mod.backward, mod.runs_on,
+                                                 mod.apply)

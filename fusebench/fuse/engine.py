@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fusebench.fuse.recompute import Recompute
+
 
 @dataclass(frozen=True)
 class MultiOpKernel:
@@ -32,26 +34,40 @@ def split_groups(flat: tuple, counts: tuple[int, ...]) -> tuple[tuple, ...]:
 
 class MultiOpFunction(torch.autograd.Function):
     """Runs a MultiOpKernel. Every tensor backward needs goes through save_for_backward, so saved
-    tensor hooks (activation bytes) see it."""
+    tensor hooks (activation bytes) see it. A saved entry may be a Recompute (fuse/recompute.py):
+    its tensors are saved and backward gets the tensor it rebuilds in that entry's place."""
 
     @staticmethod
     def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, *flat):
         y, saved = kernel.fwd(x, split_groups(flat, counts))
-        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(saved)   # captured here
-        ctx.save_for_backward(*saved, *flat)
+        ctx.recipes = tuple(s if isinstance(s, Recompute) else None for s in saved)
+        tensors = [t for s in saved for t in (s.tensors if isinstance(s, Recompute) else (s,))]
+        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(tensors)   # captured here
+        ctx.save_for_backward(*tensors, *flat)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         tensors = ctx.saved_tensors
-        saved, groups = tensors[:ctx.n_saved], split_groups(tensors[ctx.n_saved:], ctx.counts)
+        saved, groups = (_rebuilt(tensors[:ctx.n_saved], ctx.recipes),
+                         split_groups(tensors[ctx.n_saved:], ctx.counts))
         dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
         for i, (g, dg) in enumerate(zip(groups, dgroups)):
             if len(dg) != len(g):
                 raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
                                    f"but got {len(dg)}")
         return (None, None, dx, *[d for dg in dgroups for d in dg])
+
+
+def _rebuilt(tensors: tuple, recipes: tuple) -> tuple:
+    """The saved entries in forward's order, each Recompute's tensor rebuilt from its own."""
+    out, i = [], 0
+    for r in recipes:
+        n = 1 if r is None else len(r.tensors)
+        out.append(tensors[i] if r is None else r(*tensors[i:i + n]))
+        i += n
+    return tuple(out)
 
 
 def run_ops(kernel: MultiOpKernel, x: torch.Tensor, groups) -> torch.Tensor:

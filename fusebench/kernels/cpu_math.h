@@ -54,7 +54,7 @@ void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn)
 
 // ---------------------------------------------------------------- activations: f and f'
 // The codes are the Python side's (kernels/bn_act/cpu.py passes them).
-enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kIdentity = 4 };
 
 template <int K> struct Act;
 template <> struct Act<kSilu> {
@@ -91,6 +91,11 @@ template <> struct Act<kGeluTanh> {  // tanh approximation
   }
 };
 
+template <> struct Act<kIdentity> {  // BN alone (a projection's BN): z and 1
+  template <typename A> static A f(A z) { return z; }
+  template <typename A> static A d(A) { return A(1); }
+};
+
 // Calls f(Act<K>{}) for a runtime activation code: one instantiation per activation.
 template <typename F> void with_act(int64_t act, const F& f) {
   switch (act) {
@@ -98,6 +103,7 @@ template <typename F> void with_act(int64_t act, const F& f) {
     case kRelu: return f(Act<kRelu>{});
     case kGelu: return f(Act<kGelu>{});
     case kGeluTanh: return f(Act<kGeluTanh>{});
+    case kIdentity: return f(Act<kIdentity>{});
   }
   TORCH_CHECK(false, "unknown activation code ", act);
 }

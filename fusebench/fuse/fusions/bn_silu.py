@@ -6,6 +6,7 @@ device or dtype, or the kernel unavailable) aten's batch norm + the act pair, ba
 recomputing the BN output with addcmul. Both update the running statistics as eager does."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -14,19 +15,23 @@ import torch.nn.functional as F
 
 from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.recompute import tag
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvBNAct
 
 
 def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
-                       eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
+                       eps: float, prefix: str = "bn_silu", stats: dict | None = None
+                       ) -> MultiOpKernel:
     """aten's batch norm + the act pair; backward recomputes the BN output (addcmul) for the
     act's backward, then aten's batch norm backward. `silu` may be any pure activation pair
-    (the graph bn_act fusion passes relu / gelu)."""
+    (the graph bn_act fusion passes relu / gelu). `stats` (if given) receives mean / invstd."""
     def fwd(c, groups):
         (w, b), = groups
         y, mean, invstd = torch.ops.aten.native_batch_norm(
             c, w, b, running_mean, running_var, True, momentum, eps)
+        if stats is not None:
+            stats.update(mean=mean, invstd=invstd)
         return silu.fwd(y), (c, mean, invstd)
 
     def bwd(dy, saved, groups):
@@ -41,11 +46,15 @@ def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
 
 
 def bn_act_kernel(impl: BnActImpl, act: str, running_mean, running_var, momentum: float,
-                  eps: float, prefix: str = "bn_silu") -> MultiOpKernel:
-    """The bn_act kernel (kernels/bn_act) with activation `act` (silu, relu, gelu, gelu_tanh)."""
+                  eps: float, prefix: str = "bn_silu", stats: dict | None = None
+                  ) -> MultiOpKernel:
+    """The bn_act kernel (kernels/bn_act) with activation `act` (silu, relu, gelu, gelu_tanh);
+    `stats` (if given) receives mean / invstd."""
     def fwd(c, groups):
         (w, b), = groups
         y, mean, invstd = impl.forward(c, w, b, running_mean, running_var, momentum, eps, act)
+        if stats is not None:
+            stats.update(mean=mean, invstd=invstd)
         return y, (c, mean, invstd)
 
     def bwd(dy, saved, groups):
@@ -58,18 +67,38 @@ def bn_act_kernel(impl: BnActImpl, act: str, running_mean, running_var, momentum
 def train_bn_act(bn: nn.BatchNorm2d, c: torch.Tensor, impl: BnActImpl | None, pure: Pure,
                  act: str | None, prefix: str) -> torch.Tensor:
     """One training-mode BN + act call: the bound kernel where it computes this c and act
-    (the node's kernel name says which ran), else aten's sequence with `pure`."""
+    (the node's kernel name says which ran), else aten's sequence with `pure`. The output is
+    tagged with how to rebuild it from c and the statistics (fuse/recompute.py): a consumer
+    such as the fused depthwise conv saves those instead of keeping the output."""
     bn.num_batches_tracked.add_(1)       # as nn.BatchNorm2d.forward does
     m = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+    stats: dict = {}
     if impl is not None and act is not None and impl.runs_on(c):
-        kernel = bn_act_kernel(impl, act, bn.running_mean, bn.running_var, m, bn.eps, prefix)
+        kernel = bn_act_kernel(impl, act, bn.running_mean, bn.running_var, m, bn.eps, prefix,
+                               stats)
+        rebuild = functools.partial(_kernel_rebuild, impl.apply, act)
     else:
         if impl is not None:   # e.g. bf16 under autocast: aten runs, and says so (an event)
             warnings.warn(f"{prefix}: the bn_act {impl.name} kernel does not take this input "
                           f"({c.dtype}, {c.dim()}-D, on {c.device}); ran aten's batch norm "
                           f"+ {pure.impl}")
-        kernel = aten_bn_act_kernel(pure, bn.running_mean, bn.running_var, m, bn.eps, prefix)
-    return run_ops(kernel, c, ((bn.weight, bn.bias),))
+        kernel = aten_bn_act_kernel(pure, bn.running_mean, bn.running_var, m, bn.eps, prefix,
+                                    stats)
+        rebuild = functools.partial(_aten_rebuild, pure.fwd)
+    y = run_ops(kernel, c, ((bn.weight, bn.bias),))
+    # the (C,) parameters are copied (tiny): the rebuild must not see a later in-place update,
+    # nor an FSDP-freed parameter storage
+    return tag(y, prefix, (c, stats["mean"], stats["invstd"], bn.weight.detach().clone(),
+                           bn.bias.detach().clone()), rebuild)
+
+
+def _kernel_rebuild(apply, act: str, c, mean, invstd, w, b) -> torch.Tensor:
+    return apply(c, w, b, mean, invstd, act)
+
+
+def _aten_rebuild(fwd, c, mean, invstd, w, b) -> torch.Tensor:
+    scale = invstd * w                                      # as aten_bn_act_kernel's backward
+    return fwd(torch.addcmul((b - mean * scale)[:, None, None], c, scale[:, None, None]))
 
 
 class FusedConvBNSiLU(FusedModule):

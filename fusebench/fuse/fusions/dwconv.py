@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusebench.fuse.recompute import recipe_of
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.kernels.dwconv import cpu
 from fusebench.kernels.dwconv.cpu import Passes
@@ -69,9 +70,13 @@ class FusedDepthwiseConv(FusedModule):
             passes = ATEN
         else:
             passes = passes_for(cpu.is_channels_last(x), k, self.stride, *x.shape[2:])
-        if not passes.any():
+        recipe = recipe_of(x) if x.device.type == "cpu" else None
+        if not passes.any() and recipe is None:
             return F.conv2d(x, self.weight, self.bias, self.stride, k // 2, 1, self.in_channels)
-        return cpu.dwconv_cpu(x, self.weight, self.bias, self.stride, passes)
+        # an input a fused BN + act tagged (fuse/recompute.py): saved as that BN's input and
+        # statistics, rebuilt in backward, instead of kept
+        return cpu.DwConvCpuFunction.apply(x, self.weight, self.bias, self.stride, passes,
+                                           recipe)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, kernel_size={self.kernel_size}, stride={self.stride}"

@@ -12,6 +12,7 @@ import functools
 import torch.nn as nn
 
 from fusebench.fuse.binding import Pure
+from fusebench.fuse import recompute
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
@@ -25,7 +26,8 @@ def se_kernel(gate: Pure, act: Pure) -> MultiOpKernel:
         s = x.mean((2, 3))                                        # (N, C)
         r = s @ wr.reshape(wr.shape[0], -1).t() + br              # (N, R)
         e = act.fwd(r) @ we.reshape(we.shape[0], -1).t() + be     # (N, C) gate logits
-        return gate.fwd(x, e[:, :, None, None]), (x, s, r, e)
+        # x: rebuilt in backward where a fused BN + act produced it (fuse/recompute.py)
+        return gate.fwd(x, e[:, :, None, None]), (recompute.saved(x), s, r, e)
 
     def bwd(dy, saved, groups):
         x, s, r, e = saved

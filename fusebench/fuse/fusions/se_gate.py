@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
+from fusebench.fuse import recompute
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import SqueezeExcite
@@ -22,7 +23,7 @@ def se_gate_kernel(gate: Pure, silu: Pure) -> MultiOpKernel:
         s = x.mean((2, 3), keepdim=True)                    # (N, C, 1, 1)
         r = F.conv2d(s, wr, br)                             # (N, R, 1, 1)
         e = F.conv2d(silu.fwd(r), we, be)                   # (N, C, 1, 1) gate logits
-        return gate.fwd(x, e), (x, s, r, e)
+        return gate.fwd(x, e), (recompute.saved(x), s, r, e)   # x: rebuilt if a BN + act's
 
     def bwd(dy, saved, groups):
         x, s, r, e = saved

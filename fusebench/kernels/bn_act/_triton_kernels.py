@@ -10,7 +10,7 @@ own a (BLOCK_R, BLOCK_C) tile."""
 import triton
 import triton.language as tl
 
-SILU, RELU, GELU, GELU_TANH = 0, 1, 2, 3          # cpu.py's ACT_CODES
+SILU, RELU, GELU, GELU_TANH, IDENTITY = 0, 1, 2, 3, 4          # cpu.py's ACT_CODES
 
 
 @triton.jit
@@ -21,6 +21,8 @@ def _act(z, ACT: tl.constexpr):
         return tl.maximum(z, 0.0)
     elif ACT == 2:
         return 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
+    elif ACT == 4:
+        return z
     else:
         t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
         return 0.5 * z * (1.0 + t)
@@ -33,6 +35,8 @@ def _act_grad(z, ACT: tl.constexpr):
         return s * (1.0 + z * (1.0 - s))
     elif ACT == 1:
         return tl.where(z > 0.0, 1.0, 0.0)
+    elif ACT == 4:
+        return tl.full(z.shape, 1.0, z.dtype)
     elif ACT == 2:
         cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
         return cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)

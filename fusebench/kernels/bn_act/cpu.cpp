@@ -1,4 +1,4 @@
-// Training-mode BatchNorm2d + activation (SiLU, ReLU, GELU) on CPU, forward and backward.
+// Training-mode BatchNorm2d + activation (SiLU, ReLU, GELU, or none) on CPU, forward and backward.
 //
 // Forward: one statistics pass over x (per-channel sums of x - k, k = the channel's first
 // value, a shift that keeps a large mean precise), then one pass writing y = act(z),
@@ -357,6 +357,50 @@ std::vector<at::Tensor> forward(at::Tensor x, at::Tensor w, at::Tensor b,
   return {y, mean, invstd};
 }
 
+// y = act((x - mean) * invstd * weight + bias) from saved statistics: the forward's write pass
+// alone (a consumer recomputes the BN + act output in its backward instead of saving it).
+at::Tensor apply(at::Tensor x, at::Tensor w, at::Tensor b, at::Tensor mean, at::Tensor invstd,
+                 int64_t act) {
+  check_input(x, w, b);
+  x = dense(x);
+  const bool cl = is_cl(x);
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  const auto at_ = acc_type(x.scalar_type());
+  mean = mean.to(at_).contiguous();
+  invstd = invstd.to(at_).contiguous();
+  auto wa = w.detach().to(at_).contiguous(), ba = b.detach().to(at_).contiguous();
+  auto y = fusebench::empty_output(x, cl ? at::MemoryFormat::ChannelsLast
+                                         : at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bn_act_cpu_apply", [&] {
+    using A = typename AccOf<scalar_t>::type;
+    const A* m = mean.const_data_ptr<A>();
+    const A* is = invstd.const_data_ptr<A>();
+    const A* wp = wa.const_data_ptr<A>();
+    std::vector<A> sc(C);
+    for (int64_t c = 0; c < C; ++c) sc[c] = A(double(is[c]) * double(wp[c]));
+    const A* scp = sc.data();
+    const A* sh = ba.const_data_ptr<A>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    with_act(act, [&](auto a) {
+      using Ac = decltype(a);
+      if (cl) {
+        at::parallel_for(0, N * HW, grain(C), [&](int64_t r0, int64_t r1) {
+          act_rows<scalar_t, A, Ac>(xp, yp, m, scp, sh, r0, r1, C);
+        });
+      } else {
+        at::parallel_for(0, N * C, grain(HW), [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) {
+            const int64_t c = p % C;
+            act_plane<scalar_t, A, Ac>(xp + p * HW, yp + p * HW, m[c], scp[c], sh[c], HW);
+          }
+        });
+      }
+    });
+  });
+  return y;
+}
+
 // (dx, dweight, dbias) from the saved x, mean, invstd; dy takes x's layout.
 std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, at::Tensor b,
                                  at::Tensor mean, at::Tensor invstd, int64_t act) {
@@ -409,6 +453,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "BN (training statistics) + act forward: (y, mean, invstd); running stats updated",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("running_mean"),
         py::arg("running_var"), py::arg("momentum"), py::arg("eps"), py::arg("act"));
+  m.def("apply", &apply, "y = act(BN(x)) from saved mean / invstd (no statistics pass)",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("invstd"),
+        py::arg("act"));
   m.def("backward", &backward, "BN + act backward: (dx, dweight, dbias)", py::arg("dy"),
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("invstd"),
         py::arg("act"));

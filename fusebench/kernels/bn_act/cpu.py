@@ -17,7 +17,7 @@ from fusebench.kernels.registry import register_impl
 EXT_NAME = "fusebench_bn_act_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
-ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}     # cpu.cpp's ActCode
+ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "identity": 4}  # cpu.cpp's
 
 KERNEL = CppKernel(EXT_NAME, SOURCE, "the bn_act cpu kernel runs")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
@@ -34,6 +34,11 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     """(y, mean, invstd); running_mean / running_var (or None) updated in place as aten does."""
     return tuple(extension().forward(x, weight, bias, running_mean, running_var,
                                      float(momentum), float(eps), ACT_CODES[act]))
+
+
+def apply(x, weight, bias, mean, invstd, act: str):
+    """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's write pass alone."""
+    return extension().apply(x, weight, bias, mean, invstd, ACT_CODES[act])
 
 
 def backward(dy, x, weight, bias, mean, invstd, act: str):

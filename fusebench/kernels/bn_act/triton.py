@@ -88,6 +88,15 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     return y, mean.float(), invstd.float()
 
 
+def apply(x, weight, bias, mean, invstd, act: str):
+    """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's act launch alone."""
+    x, fmt = _layout(x)
+    y = torch.empty_like(x, memory_format=fmt)
+    _elementwise(_kernels().act_kernel, x, x, y,
+                 *_scale_shift(mean, invstd.double(), weight, bias), act=ACT_CODES[act])
+    return y
+
+
 def backward(dy, x, weight, bias, mean, invstd, act: str):
     """(dx, dweight, dbias): z and act'(z) recomputed from x, mean, invstd."""
     x, fmt = dense_layout(x)

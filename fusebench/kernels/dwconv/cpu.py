@@ -76,13 +76,17 @@ def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 class DwConvCpuFunction(torch.autograd.Function):
     """y = depthwise conv(x) with each pass from our kernel or aten's (`passes`). Saves x and
-    weight, as aten does."""
+    weight, as aten does; or, given `recompute` (a callable with .tensors that rebuilds x from
+    them, e.g. fuse/recompute.py's Recompute for a BN + act output), saves those tensors
+    instead of x and rebuilds x in backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride: int, passes: Passes):
+    def forward(ctx, x, weight, bias, stride: int, passes: Passes, recompute=None):
         k = weight.shape[-1]
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias, ctx.stride, ctx.passes = bias is not None, stride, passes
+        src = (x,) if recompute is None else recompute.tensors
+        ctx.save_for_backward(weight, *src)
+        ctx.has_bias, ctx.stride, ctx.passes, ctx.recompute = (bias is not None, stride, passes,
+                                                               recompute)
         if passes.forward:
             return _like(extension().forward(x, weight, bias, stride), x)
         return F.conv2d(x, weight, bias, stride, k // 2, 1, weight.shape[0])
@@ -90,7 +94,8 @@ class DwConvCpuFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        weight, *src = ctx.saved_tensors
+        x = src[0] if ctx.recompute is None else ctx.recompute(*src)
         s, p, k = ctx.stride, ctx.passes, weight.shape[-1]
         need = ctx.needs_input_grad
         aten_mask = [need[0] and not p.input_grad, need[1] and not p.weight_grad,
@@ -101,15 +106,16 @@ class DwConvCpuFunction(torch.autograd.Function):
             dx = _like(extension().backward_input(dy, x, weight, s), x)
         if (need[1] or need[2]) and p.weight_grad:
             dw, db = extension().backward_weight(dy, x, weight, s, ctx.has_bias)
-        return dx, dw, db if ctx.has_bias else None, None, None
+        return dx, dw, db if ctx.has_bias else None, None, None, None
 
 
 @register_impl("dwconv", "cpu", available=available)
 def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               stride: int = 1, passes: Passes = ALL) -> torch.Tensor:
+               stride: int = 1, passes: Passes = ALL, recompute=None) -> torch.Tensor:
     """Depthwise conv (zero padding K//2) with our C++/OpenMP forward, grad input and grad
-    weight on channels-last (`passes` hands any of them to aten); saves x and weight."""
+    weight on channels-last (`passes` hands any of them to aten); saves x and weight, or
+    `recompute`'s tensors (DwConvCpuFunction)."""
     if not runs_on(x):
         raise TypeError(f"dwconv cpu: needs a 4-D CPU float32/float64 x, got {x.dtype} on "
                         f"{x.device}")
-    return DwConvCpuFunction.apply(x, weight, bias, stride, passes)
+    return DwConvCpuFunction.apply(x, weight, bias, stride, passes, recompute)

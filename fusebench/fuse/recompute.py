@@ -1,0 +1,61 @@
+"""Recompute instead of save, across fused modules: a fused producer whose output its consumer
+would save (bn_act's output feeding a depthwise conv) tags that output with a Recompute, the
+recipe that rebuilds it from tensors the producer saves anyway (the BN input, the (C,)
+statistics). A consumer that honours recipes saves those tensors instead of its input (the
+same storages: no new activation bytes) and rebuilds its input in backward, one elementwise
+pass. The tag is a Python attribute on the output tensor, checked against the tensor's version
+counter: an output modified in place after tagging is saved as usual."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+ATTR = "_fusebench_recompute"
+_state = {"on": True}
+
+
+@contextlib.contextmanager
+def disabled():
+    """Producers tag nothing inside (consumers save their inputs): the A/B baseline of
+    benchmarks/mbconv_recompute.py."""
+    old, _state["on"] = _state["on"], False
+    try:
+        yield
+    finally:
+        _state["on"] = old
+
+
+@dataclass(frozen=True, eq=False)
+class Recompute:
+    """rebuild(*tensors) gives the tagged tensor's values; tensors are detached (they share
+    storage and version counter with what the producer saved)."""
+    name: str
+    tensors: tuple[torch.Tensor, ...]
+    rebuild: Callable[..., torch.Tensor]
+    version: int
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.rebuild(*tensors)
+
+
+def tag(y: torch.Tensor, name: str, tensors, rebuild: Callable) -> torch.Tensor:
+    """Attach the recipe to y (only where autograd will need it); returns y."""
+    if _state["on"] and y.requires_grad and torch.is_grad_enabled():
+        setattr(y, ATTR, Recompute(name, tuple(t.detach() for t in tensors), rebuild,
+                                   y._version))
+    return y
+
+
+def recipe_of(x: torch.Tensor) -> Recompute | None:
+    """x's recipe, or None (untagged, or changed in place since it was tagged)."""
+    r = getattr(x, ATTR, None)       # (inside an autograd.Function's forward grad is off)
+    return r if r is not None and r.version == x._version else None
+
+
+def saved(x: torch.Tensor):
+    """What a consumer saves for x: its recipe where it has one, else x."""
+    r = recipe_of(x)
+    return x if r is None else r
