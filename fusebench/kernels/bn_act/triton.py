@@ -90,7 +90,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
 
 def apply(x, weight, bias, mean, invstd, act: str):
     """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's act launch alone."""
-    x, fmt = _layout(x)
+    x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
     _elementwise(_kernels().act_kernel, x, x, y,
                  *_scale_shift(mean, invstd.double(), weight, bias), act=ACT_CODES[act])
