@@ -40,10 +40,7 @@ class MultiOpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, *flat):
         y, saved = kernel.fwd(x, split_groups(flat, counts))
-        ctx.recipes = tuple(s if isinstance(s, Recompute) else None for s in saved)
-        tensors = [t for s in saved for t in (s.tensors if isinstance(s, Recompute) else (s,))]
-        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(tensors)   # captured here
-        ctx.save_for_backward(*tensors, *flat)
+        save_entries(ctx, kernel, counts, saved, flat)
         return y
 
     @staticmethod
@@ -58,6 +55,15 @@ class MultiOpFunction(torch.autograd.Function):
                 raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
                                    f"but got {len(dg)}")
         return (None, None, dx, *[d for dg in dgroups for d in dg])
+
+
+def save_entries(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], saved, flat) -> None:
+    """What MultiOpFunction.backward reads: the kernel, the per-op parameter counts (captured
+    here, in forward), and the saved entries (a Recompute saves its own tensors)."""
+    ctx.recipes = tuple(s if isinstance(s, Recompute) else None for s in saved)
+    tensors = [t for s in saved for t in (s.tensors if isinstance(s, Recompute) else (s,))]
+    ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(tensors)
+    ctx.save_for_backward(*tensors, *flat)
 
 
 def _rebuilt(tensors: tuple, recipes: tuple) -> tuple:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from fusebench.fuse.engine import MultiOpFunction, MultiOpKernel, split_groups
+from fusebench.fuse.engine import MultiOpFunction, MultiOpKernel, save_entries, split_groups
 
 
 class ResidualOpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, res, *flat):
         y, saved = kernel.fwd(x, split_groups(flat, counts), res)
-        ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(saved)
-        ctx.save_for_backward(*saved, *flat)
+        save_entries(ctx, kernel, counts, saved, flat)
         return y
 
     @staticmethod
