@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sh(args, **kw):
+    # without PYTHONPATH: a checkout on it (with its .egg-info) makes pip in the new venv think
+    # fusebench is installed already, and it skips the wheel
+    kw.setdefault("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     r = subprocess.run(args, capture_output=True, text=True, **kw)
     assert r.returncode == 0, f"{args[:4]} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
