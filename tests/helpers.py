@@ -33,3 +33,19 @@ def autograd_nodes(y):
         seen.add(node)
         yield node
         stack.extend(n for n, _ in node.next_functions)
+
+
+def assert_matches_eager(model, ref, inputs, tol=1e-9):
+    """One forward + backward of model and its eager reference on the same inputs: outputs and
+    every parameter's gradient agree within tol. Returns the model's output."""
+    import torch
+
+    from fusebench.measure import correctness as corr
+    y, r = model(*inputs), ref(*inputs)
+    torch.testing.assert_close(y, r, atol=tol, rtol=tol)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    got = {n: p.grad for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < tol
+    return y

@@ -19,10 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse import fuse
-from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.modes import get_mode
-from tests.helpers import autograd_nodes
+from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
@@ -99,17 +98,6 @@ def build(factory, **kw) -> nn.Module:
     return model
 
 
-def check_step(model, ref, inputs, tol=1e-9):
-    y, r = model(*inputs), ref(*inputs)
-    torch.testing.assert_close(y, r, atol=tol, rtol=tol)
-    y.square().mean().backward()
-    r.square().mean().backward()
-    got = {n: p.grad for n, p in model.named_parameters()}
-    exp = {n: p.grad for n, p in ref.named_parameters()}
-    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < tol
-    return y
-
-
 @pytest.mark.parametrize("name", sorted(ASSETS))
 def test_asset_sites_fuse_and_match_float64_eager(name, site_calls):
     factory, inputs, expected = ASSETS[name]
@@ -126,7 +114,7 @@ def test_asset_sites_fuse_and_match_float64_eager(name, site_calls):
         model.zero_grad()
         ref.zero_grad()
         site_calls.clear()
-        y = check_step(model, ref, inputs())
+        y = assert_matches_eager(model, ref, inputs())
         assert ran(y) == Counter({k: n for k, n in expected.items() if k != "ln2d"}), ran(y)
         assert dict(site_calls) == graph_sites
     for (n, b), c in zip(model.named_buffers(), ref.buffers()):
@@ -188,7 +176,7 @@ def test_each_ln_over_channels_spelling_is_one_ln2d_site(cls, site_calls):
     result = fuse(model, "train")
     assert dict(result.sites) == {"ln2d": 1}, (result.sites, result.notes)
     assert not result.unfused.get("LayerNorm"), result.unfused
-    y = check_step(model, ref, (image() * 3 + 2,))
+    y = assert_matches_eager(model, ref, (image() * 3 + 2,))
     assert site_calls == {"fused_ln2d": 1}
     assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES     # NCHW x: our kernel's node
 
@@ -204,7 +192,7 @@ def test_ln2d_site_on_channels_last_x_runs_the_kernel(cls, site_calls):
     result = fuse(model, "train")
     assert dict(result.sites) == {"ln2d": 1}, (result.sites, result.notes)
     x = (image() * 3 + 2).contiguous(memory_format=torch.channels_last)
-    y = check_step(model, ref, (x,))
+    y = assert_matches_eager(model, ref, (x,))
     assert site_calls == {"fused_ln2d": 1}
     assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES
 
@@ -254,7 +242,7 @@ def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
         model.zero_grad()
         ref.zero_grad()
         site_calls.clear()
-        y = check_step(model, ref, tokens())
+        y = assert_matches_eager(model, ref, tokens())
     kernels = Counter(n.kernel.name.split("[")[0] for n in autograd_nodes(y)
                       if type(n).__name__ in FUSED_NODES)
     assert kernels == {"ln_linear": 3, "mlp": 2} and site_calls == {"fused_mlp": 2,
@@ -290,7 +278,7 @@ def test_the_residual_add_folds_into_the_mlp_site(p, layout, folded, site_calls)
     torch.manual_seed(2)
     torch.testing.assert_close(y, ref(x), atol=1e-9, rtol=1e-9)
     torch.manual_seed(2)
-    check_step(model, ref, (x,)) if p == 0 else None
+    assert_matches_eager(model, ref, (x,)) if p == 0 else None
     kinds = {type(n).__name__ for n in autograd_nodes(y)}
     assert ("ResidualOpFunctionBackward" in kinds) == folded
     assert ("AddBackward0" in kinds) == (not folded)
@@ -323,7 +311,7 @@ def test_frozen_batchnorm_and_a_flipped_training_flag():
             m.running_var.uniform_(0.5, 1.5)
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["bn_act"] == 9
-    y = check_step(model, ref, (image(),))
+    y = assert_matches_eager(model, ref, (image(),))
     assert any(n.kernel.name.startswith("bn_eval_act[") for n in autograd_nodes(y)
                if type(n).__name__ == "MultiOpFunctionBackward")
     model.eval()
@@ -427,7 +415,7 @@ def test_hand_written_activations_are_one_mlp_site(name, site_calls):
     ref = copy.deepcopy(model)
     result = fuse(model, "train")
     assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
-    y = check_step(model, ref, (image(),))
+    y = assert_matches_eager(model, ref, (image(),))
     names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
     assert site_calls == {"fused_mlp": 1} and len(names) == 1 and names[0].startswith(kernel)
 
@@ -444,7 +432,7 @@ def test_each_mlp_spelling_is_one_mlp_site(cls, site_calls):
     ref = copy.deepcopy(model)
     result = fuse(model, "train")
     assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
-    y = check_step(model, ref, (image(),))
+    y = assert_matches_eager(model, ref, (image(),))
     assert site_calls == {"fused_mlp": 1} and ran(y) == {"mlp": 1}
 
 
