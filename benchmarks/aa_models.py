@@ -1,10 +1,12 @@
-"""The model of benchmarks/aa_variance.py: a zoo model that can be made slower on purpose.
+"""The models of benchmarks/aa_variance.py: a zoo model, and the same made slower on purpose.
 
-`aa_models.py:slowed` builds MODEL (env FUSEBENCH_AA_MODEL, default convnext_atto) and, when
-FUSEBENCH_AA_SLOWDOWN=f is set, sleeps f x the previous step's own time at the start of each
-forward: every step (forward, backward, optimizer, the harness between steps) then takes
-(1 + f) x as long, whatever the machine's speed. The env var, not a model kwarg, carries the
-slowdown so the slowed run has the same cell identity and `compare` matches it with the A run.
+`aa_models.py:a` and `aa_models.py:a2` build MODEL (env FUSEBENCH_AA_MODEL, default
+convnext_atto) as they are: two names for one build, so one run can hold both sides of an A/A
+pair as two cells (interleaved processes, run/schedule.py). `aa_models.py:slowed` builds the
+same and sleeps FUSEBENCH_AA_SLOWDOWN (default 0.25) x the previous step's own time at the
+start of each forward: every step (forward, backward, optimizer, the harness between steps)
+then takes (1 + f) x as long, whatever the machine's speed. The benchmark saves the three
+records under one model name, so `compare` pairs them as the same cell.
 """
 from __future__ import annotations
 
@@ -31,7 +33,18 @@ class Slowed(nn.Module):
         return self.inner(x)
 
 
-def slowed(**kwargs) -> nn.Module:
+def _inner(**kwargs) -> nn.Module:
     from fusebench.models import create_model
-    inner = create_model(os.environ.get("FUSEBENCH_AA_MODEL", "convnext_atto"), **kwargs)
-    return Slowed(inner, float(os.environ.get("FUSEBENCH_AA_SLOWDOWN") or 0.0))
+    return create_model(os.environ.get("FUSEBENCH_AA_MODEL", "convnext_atto"), **kwargs)
+
+
+def a(**kwargs) -> nn.Module:
+    return Slowed(_inner(**kwargs), 0.0)     # the same wrapper: only the sleep differs
+
+
+def a2(**kwargs) -> nn.Module:
+    return a(**kwargs)
+
+
+def slowed(**kwargs) -> nn.Module:
+    return Slowed(_inner(**kwargs), float(os.environ.get("FUSEBENCH_AA_SLOWDOWN") or 0.25))

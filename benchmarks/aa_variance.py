@@ -2,17 +2,21 @@
 A/A pairs (two runs of the same build) are "not significant" in >= 9 of 10, and pairs with an
 injected 25% slowdown are flagged "slower" in >= 9 of 10.
 
-Each run is one cell (MODEL eager train, 1 thread) measured by --repeat worker processes
-through the real launcher (fork server, one worker per process), saved as a results file, and
-every pair goes through `compare` (compare_files). The slowdown is benchmarks/aa_models.py's:
-each step sleeps 25% of its own time. Runs are interleaved (A, A', slow, A, A', slow, ...) so a
-drift of the machine over minutes hits both sides alike.
+Each pair round is one run of three cells (MODEL eager train, 1 thread): A, A2 (the same
+build under a second name) and S (the same, with the injected slowdown: benchmarks/aa_models.py
+sleeps 25% of each step's own time). Each cell is measured by --repeat worker processes
+through the real launcher (fork server, one worker per process); by default their processes
+are interleaved (process k of A, A2 and S, then k+1: run/schedule.py), as `fusebench run` does
+for the cells of one run; --sequential runs each cell's processes back to back, which is what
+two separate runs a minute apart see. Each record is saved as its own results file under one
+model name, and every pair goes through `compare` (compare_files).
 
 From the same runs it also prints what a one-process-per-side comparison (the first process
 of each run, the bootstrap over steps only: fusebench before --repeat) would have said.
 
     python benchmarks/aa_variance.py                        # 10 + 10 pairs, --repeat 3
     python benchmarks/aa_variance.py --pairs 2 --repeat 2   # a smoke run
+    python benchmarks/aa_variance.py --sequential           # each cell's processes in a row
 Run it on a quiet machine: it prints the load before and after, and the contended cells.
 """
 from __future__ import annotations
@@ -32,7 +36,8 @@ from fusebench.results.env import collect_env
 from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec, Record
 
-MODEL = f"{Path(__file__).resolve().parent / 'aa_models.py'}:slowed"
+MODELS = Path(__file__).resolve().parent / "aa_models.py"
+SIDES = ("A", "A2", "S")                      # aa_models.py: a, a2, slowed
 
 
 def _args() -> argparse.Namespace:
@@ -46,19 +51,30 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--slowdown", type=float, default=0.25)
     ap.add_argument("--out", type=Path, default=None, help="folder for the results files")
+    ap.add_argument("--sequential", action="store_true",
+                    help="each cell's processes back to back (as two separate runs)")
     return ap.parse_args()
 
 
-def _run(a, env: dict, slowdown: float, path: Path) -> Record:
-    os.environ["FUSEBENCH_AA_MODEL"] = a.model
-    os.environ["FUSEBENCH_AA_SLOWDOWN"] = str(slowdown)     # inherited by the workers
-    spec = CellSpec.for_model(MODEL, "eager", batch_size=a.batch, img_size=a.img, check=False,
-                              warmup=a.warmup, steps=a.steps, threads=1)
-    (rec,) = run_cells([spec], opts=RunOptions(repeat=a.repeat), show_progress=False)
-    if rec.status != "ok":
-        raise SystemExit(f"run failed: {rec.status}: {rec.error}")
-    save(new_document(env, [rec], command=["benchmarks/aa_variance.py"]), path)
-    return rec
+def _run(a, env: dict, i: int, out: Path) -> tuple[dict[str, Record], dict[str, Path]]:
+    """One run of the three cells; each record saved under one model name as its own file."""
+    os.environ["FUSEBENCH_AA_MODEL"] = a.model          # inherited by the workers
+    os.environ["FUSEBENCH_AA_SLOWDOWN"] = str(a.slowdown)
+    names = dict(zip(SIDES, ("a", "a2", "slowed")))
+    order = SIDES[i % 3:] + SIDES[:i % 3]                 # rotate which cell starts the run
+    specs = [CellSpec.for_model(f"{MODELS}:{names[t]}", "eager", batch_size=a.batch,
+                                img_size=a.img, check=False, warmup=a.warmup, steps=a.steps,
+                                threads=1) for t in order]
+    opts = RunOptions(repeat=a.repeat, interleave=not a.sequential)
+    recs, paths = {}, {}
+    for rec in run_cells(specs, opts=opts, show_progress=False):
+        tag = next(t for t in SIDES if rec.spec.model.name.endswith(f":{names[t]}"))
+        if rec.status != "ok":
+            raise SystemExit(f"run failed: {tag}: {rec.status}: {rec.error}")
+        recs[tag] = rec.replace(spec=rec.spec.with_model(name=f"{MODELS}:model"))
+        paths[tag] = out / f"run{i:02d}_{tag}.json"
+        save(new_document(env, [recs[tag]], command=["benchmarks/aa_variance.py"]), paths[tag])
+    return recs, paths
 
 
 def _verdicts(a_path: Path, b_path: Path, a: Record, b: Record) -> tuple[str, str, float]:
@@ -81,17 +97,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = collect_env()
     print(f"{a.pairs} A/A + {a.pairs} slowdown pairs of {a.model} b{a.batch} {a.img}px "
-          f"{a.warmup}+{a.steps} steps, 1 thread, --repeat {a.repeat}; injected slowdown "
+          f"{a.warmup}+{a.steps} steps, 1 thread, --repeat {a.repeat} "
+          f"{'sequential' if a.sequential else 'interleaved'}; injected slowdown "
           f"{a.slowdown:.0%}; files in {out}\nload before: {_load()}")
     t0 = time.perf_counter()
     aa, slow, contended = [], [], 0
     for i in range(a.pairs):
-        recs, paths = {}, {}
-        for tag, f in (("A", 0.0), ("A2", 0.0), ("S", a.slowdown))[i % 3:] + (
-                ("A", 0.0), ("A2", 0.0), ("S", a.slowdown))[:i % 3]:   # rotate the order
-            paths[tag] = out / f"run{i:02d}_{tag}.json"
-            recs[tag] = _run(a, env, f, paths[tag])
-            contended += is_contended(recs[tag].extra.get("contention"))
+        recs, paths = _run(a, env, i, out)
+        contended += sum(is_contended(r.extra.get("contention")) for r in recs.values())
         aa.append(_verdicts(paths["A"], paths["A2"], recs["A"], recs["A2"]))
         slow.append(_verdicts(paths["A"], paths["S"], recs["A"], recs["S"]))
         print(f"pair {i + 1}: A/A {aa[-1][0]:28s} (resolves {aa[-1][2]:4.0%}) | slow "

@@ -256,3 +256,21 @@ def test_cli_repeat_2_runs_two_processes(tmp_path):
 def test_cli_bad_repeat_is_one_line(tmp_path):
     res = CliRunner().invoke(app, ["run", TINY, "--repeat", "0", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "--repeat" in res.output
+
+
+def _timed_file(tmp_path, name, medians, starts):
+    m = merge_processes(_procs(medians))
+    procs = [{**p, "started": t} for p, t in zip(m.extra["processes"], starts)]
+    return write_results(tmp_path / name, [m.replace(extra={**m.extra, "processes": procs})])
+
+
+@pytest.mark.parametrize("b_starts,apart", [((130.0, 160.0, 190.0), True),   # a later run
+                                            ((15.0, 45.0, 75.0), False)])    # interleaved
+def test_runs_taken_apart_in_time_get_a_note(tmp_path, b_starts, apart):
+    a = _timed_file(tmp_path, "a.json", [100.0, 101.0, 99.0], (0.0, 30.0, 60.0))
+    b = _timed_file(tmp_path, "b.json", [100.5, 101.5, 99.5], b_starts)
+    cmp = compare_files([a, b], metric="step_ms")
+    notes = [n for n in cmp.notes if "taken at different times" in n]
+    assert len(notes) == apart
+    if apart:
+        assert notes[0].startswith("1 comparison(s)")

@@ -74,6 +74,10 @@ RUNNING = (
         envvar="FUSEBENCH_REPEAT", help="Worker processes per cell, each with its own warm-up; "
         "compare resamples processes, so runs you compare need >= 3. Default: 3, 1 with "
         "--quick.")),
+    _p("interleave", bool, True, typer.Option(
+        "--interleave/--sequential", help="With --repeat: start process k of every cell before "
+        "process k+1 of any (default), so the machine's drift over minutes hits every cell "
+        "alike; --sequential runs each cell's processes back to back.")),
     _p("wait_idle", bool, False, typer.Option(
         "--wait-idle", help="Before each process, wait (up to 5 min) until other processes "
                             "leave the cores idle.")),
@@ -146,8 +150,9 @@ def run(**params: Any) -> None:
                    save=not params["no_save"], json_out=params["json_out"],
                    warm_cache=params["warm_cache"], retry_oom=not params["no_retry"],
                    argv=sys.argv, table=functools.partial(run_table, wide=params["wide"]),
-                   prepare=lambda s: fitted(req, s, repeat), repeat=repeat,
-                   wait_idle=params["wait_idle"])
+                   prepare=lambda s: fitted(req, s, repeat, params["interleave"]),
+                   repeat=repeat,
+                   wait_idle=params["wait_idle"], interleave=params["interleave"])
     raise typer.Exit(code)
 
 
@@ -165,7 +170,8 @@ def left_out(req: RunRequest, specs: list) -> list[str]:
     return [f"  not in 'all' on {device}: {why}; -m NAME runs it anyway (unavailable, with why)"]
 
 
-def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[dict]]:
+def fitted(req: RunRequest, specs: list, repeat: int = 1, interleave: bool = True
+           ) -> tuple[list, list[dict]]:
     """The planned cells with their CPU batch fitted to the budget where the run picks it (and
     per cell the record's `batch_choice`), after printing the run's outline: what it will do
     and roughly how long. Run by the session once every input check has passed."""
@@ -180,7 +186,7 @@ def fitted(req: RunRequest, specs: list, repeat: int = 1) -> tuple[list, list[di
         specs, picks = autobatch.fit_batches(specs, budget, on_probe=lambda s: err.print(
             f"fitting the CPU batch to the budget: eager probe of {outline.short(s.model.name)}"
             f" at batch {autobatch.PROBE_BATCH}..."))
-    for line in outline.describe(specs, picks, repeat) + left_out(req, specs):
+    for line in outline.describe(specs, picks, repeat, interleave) + left_out(req, specs):
         err.print(line)
     return specs, [{"batch_choice": c.to_dict()} for c in picks] or [{} for _ in specs]
 

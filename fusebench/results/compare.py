@@ -258,6 +258,20 @@ def _single_process_warning(pending) -> str | None:
             f"cannot see run-to-run drift; rerun with --repeat 3 or more")
 
 
+def _apart_note(pending) -> str | None:
+    """Two runs whose processes did not overlap in time: the machine's drift between them is
+    in neither side's spread, so the interval is too narrow by that much (issue 13.4:
+    the same cell moved 4-15% between runs a minute apart on a quiet VM, while each run's
+    processes agreed). Cells of one run interleave their processes (run/schedule.py)."""
+    apart = sum(1 for _, b, c in pending if b.span and c.span
+                and (b.span[1] < c.span[0] or c.span[1] < b.span[0]))
+    if not apart:
+        return None
+    return (f"{apart} comparison(s) are of runs taken at different times: a drift of the "
+            f"machine between them is not in their intervals; where both sides can run in one "
+            f"`fusebench run`, its cells' processes are interleaved and share the drift")
+
+
 RESOLVE_GOAL = 0.10     # a change a user tuning a model wants to see
 
 
@@ -471,7 +485,8 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
             cmp.rows.append(row)
         gi += 1
     _judge_ratios(metric, pending, fail_pct)
-    for why in (_single_process_warning(pending), _resolution_note(pending)):
+    for why in (_single_process_warning(pending), _resolution_note(pending),
+                _apart_note(pending)):
         if why:
             cmp.notes.append(why)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)

@@ -31,6 +31,7 @@ class Item(NamedTuple):
     samples: Sequence[float] | None   # metric.samples: step times behind the value, or None
     groups: list[Sequence[float]]     # step samples of each worker process ([] without samples)
     noise: str | None                 # noise_of(record): why its timing cannot be trusted
+    span: tuple[float, float] | None = None   # --repeat: first and last process start (unix s)
 
 
 class _Spread(NamedTuple):            # what measure.noise.noisy_fraction reads of a StepStats
@@ -75,7 +76,17 @@ def from_record(r: Record, metric) -> Item:
     groups = st.process_groups() if st and st.samples else []
     why = noise(st, r.extra.get("contention"), ((e.category, e.message) for e in r.events))
     return Item(spec.cell_key(), spec.variant(), spec.subject, spec.config_label(), r.status,
-                metric.value(r), st.iqr if st else None, samples, groups, why)
+                metric.value(r), st.iqr if st else None, samples, groups, why,
+                _span(r.extra.get("processes")))
+
+
+def _span(processes: Any) -> tuple[float, float] | None:
+    """When a record's worker processes started (run/repeat.ProcessSeries), if it says."""
+    if not isinstance(processes, list):
+        return None
+    t = [p.get("started") for p in processes if isinstance(p, dict)]
+    t = [x for x in t if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return (min(t), max(t)) if len(t) > 1 else None
 
 
 # --- the dict reading: CellSpec's keys and labels, from a checked spec dict ---------------------

@@ -81,7 +81,8 @@ def short(model: str) -> str:
     return model.rsplit("/", 1)[-1]
 
 
-def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1) -> list[str]:
+def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1,
+             interleave: bool = True) -> list[str]:
     """The lines printed before the first cell runs. picks: per spec, the autobatch
     BatchChoice that set its batch (empty when the batch was given)."""
     specs = [s for s in specs if s.model is not None]
@@ -103,6 +104,11 @@ def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1) -
              f"{', channels_last' if s0.channels_last else ''}"]
     lines += [f"    {short(c.model)}/{c.bench}: {c.why}" for c in choices]
     lines.append("  " + _steps_text(s0, repeat))
+    if repeat > 1 and len(specs) > 1:
+        lines.append("  " + ("processes interleaved: process k of every cell, then k+1 "
+                             "(--sequential: one cell at a time; results saved after the "
+                             "last round)" if interleave else
+                             "processes sequential: each cell's back to back"))
     step_s = [c.est_step_ms() / 1e3 if c.est_step_ms() else None for c in picks]
     total, known, first = estimate(specs, step_s, repeat)
     unknown = "" if known else " + steps whose time is not known before the run"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,26 +52,59 @@ def per_process(spec: CellSpec, n: int, k: int = 0) -> CellSpec:
     return spec
 
 
+class ProcessSeries:
+    """The n worker processes of one cell, launched one at a time by step(). The runner may run
+    other cells' processes between two steps (interleaved rounds, run/schedule.py); record()
+    merges what ran. Stops at the first failing process."""
+
+    def __init__(self, spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
+                 wait_idle: bool = False, wait=None, cold_first: bool = False):
+        self.spec, self.n, self.launch = spec, n, launch
+        self.wait_idle, self.wait, self.cold_first = wait_idle, wait, cold_first
+        self.records: list[Record] = []
+        self.started: list[float] = []      # each process's start, unix time
+        self.waited: list[dict[str, Any]] = []
+
+    @property
+    def finished(self) -> bool:
+        last = self.records[-1] if self.records else None
+        return len(self.records) >= self.n or (
+            last is not None and (last.status != "ok" or last.step_ms is None))
+
+    def step(self, on_phase: Callable[[str], None]) -> None:
+        """Run the next process."""
+        k = len(self.records)
+        if self.wait_idle:
+            self.waited.append(_wait(on_phase, self.wait))
+        if self.n > 1:
+            on_phase(f"process {k + 1} of {self.n}")
+        self.started.append(round(time.time(), 3))
+        self.records.append(self.launch(per_process(self.spec, self.n, k)))
+
+    def record(self) -> Record:
+        """The merged record of the processes run so far (all n unless interrupted)."""
+        out = merge_processes(self.records, self.n, self.cold_first)
+        extra = dict(out.extra)
+        if out.spec.budget != self.spec.budget:    # the record says the budget the user asked for
+            out = out.replace(spec=dataclasses.replace(out.spec, budget=self.spec.budget))
+        if self.waited:
+            extra["wait_idle"] = self.waited
+        if isinstance(extra.get("processes"), list):     # when each ran: were two cells interleaved
+            extra["processes"] = [{**p, "started": t}
+                                  for p, t in zip(extra["processes"], self.started)]
+        if not self.finished:
+            extra["processes_done"] = len(self.records)  # interrupted between two rounds
+        return out.replace(extra=extra) if extra != out.extra else out
+
+
 def run_processes(spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
                   on_phase: Callable[[str], None], wait_idle: bool = False,
                   wait=None, cold_first: bool = False) -> Record:
-    """launch() n times (each a fresh worker process) and merge; stops at the first failure."""
-    records, waited = [], []
-    for k in range(n):
-        if wait_idle:
-            waited.append(_wait(on_phase, wait))
-        if n > 1:
-            on_phase(f"process {k + 1} of {n}")
-        rec = launch(per_process(spec, n, k))
-        records.append(rec)
-        if rec.status != "ok" or rec.step_ms is None:
-            break
-    out = merge_processes(records, n, cold_first)
-    if out.spec.budget != spec.budget:      # the record says the budget the user asked for
-        out = out.replace(spec=dataclasses.replace(out.spec, budget=spec.budget))
-    if waited:
-        out = out.replace(extra={**out.extra, "wait_idle": waited})
-    return out
+    """launch() n times in a row (each a fresh worker process) and merge."""
+    series = ProcessSeries(spec, n, launch, wait_idle, wait, cold_first)
+    while not series.finished:
+        series.step(on_phase)
+    return series.record()
 
 
 def _wait(on_phase, wait=None) -> dict[str, Any]:

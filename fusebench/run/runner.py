@@ -19,7 +19,7 @@ from fusebench.run import distributed
 from fusebench.run import forkserver, killed
 from fusebench.run.progress import CellState
 from fusebench.run.reaper import CellProcesses
-from fusebench.run.repeat import run_processes
+from fusebench.run.repeat import ProcessSeries
 from fusebench.spec import CellSpec, ErrorInfo, Record
 from fusebench.results.document import record_from_worker
 
@@ -40,6 +40,7 @@ class RunOptions:
     repeat: int = 1            # worker processes per cell (run/repeat.py)
     cache_dir: Path | None = None   # the cell's compile cache, shared by its processes
     wait_idle: bool = False    # wait for a quiet machine before each process
+    interleave: bool = True    # --repeat: process k of every cell, then k+1 (run/schedule.py)
 
 
 def decay_batch(b: int) -> int:
@@ -200,39 +201,84 @@ def run_one(spec: CellSpec, opts: RunOptions = RunOptions(),
     return rec
 
 
+class _Cell:
+    """One cell's worker processes and, with --repeat, the compile cache they share: the first
+    process compiles cold (the cell's compile_s), the others measure the same compiled code
+    without paying inductor's cold compile again (minutes per process on a 2-core CPU)."""
+
+    def __init__(self, spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]):
+        self.cache = None
+        if opts.repeat > 1 and not opts.warm_cache:
+            self.cache = tempfile.TemporaryDirectory(prefix="fusebench-cache-")
+            opts = dataclasses.replace(opts, cache_dir=Path(self.cache.name))
+        # run_one looked up per call: tests replace it
+        self.series = ProcessSeries(spec, opts.repeat, lambda s: run_one(s, opts, on_phase),
+                                    opts.wait_idle, cold_first=self.cache is not None)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.cleanup()
+            self.cache = None
+
+
 def measure_cell(spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], None]) -> Record:
-    """One cell by opts.repeat processes. They share one compile cache: the first process
-    compiles cold (the cell's compile_s), the others measure the same compiled code without
-    paying inductor's cold compile again (minutes per process on a 2-core CPU)."""
-    if opts.repeat == 1 or opts.warm_cache:
-        return run_processes(spec, opts.repeat, lambda s: run_one(s, opts, on_phase), on_phase,
-                             opts.wait_idle)
-    with tempfile.TemporaryDirectory(prefix="fusebench-cache-") as cache:
-        shared = dataclasses.replace(opts, cache_dir=Path(cache))
-        return run_processes(spec, opts.repeat, lambda s: run_one(s, shared, on_phase),
-                             on_phase, opts.wait_idle, cold_first=True)
+    """One cell by opts.repeat processes in a row."""
+    cell = _Cell(spec, opts, on_phase)
+    try:
+        while not cell.series.finished:
+            cell.series.step(on_phase)
+        return cell.series.record()
+    finally:
+        cell.close()
 
 
 def run_cells(specs: list[CellSpec], writer=None, *, opts: RunOptions = RunOptions(),
               show_progress: bool = True, console=None,
               on_record: Callable[[Record], None] | None = None,
               notes: list[dict] | None = None) -> list[Record]:
-    """Run every cell in order. Each finished record is appended to `writer` at once (so an
-    interrupted run keeps what finished); KeyboardInterrupt propagates after the running
-    worker's process group is killed. notes[i]: facts the coordinator adds to cell i's extra
-    (why its batch was chosen)."""
+    """Run every cell, its processes in the order of run/schedule.py. Each complete record is
+    appended to `writer` at once (so an interrupted run keeps what finished; a cell
+    interrupted between two of its processes is kept with the processes it had, marked
+    extra.processes_done); KeyboardInterrupt propagates after the running worker's process
+    group is killed. notes[i]: facts the coordinator adds to cell i's extra (why its batch
+    was chosen)."""
     from fusebench.run.progress import CellProgress, outcome
+    from fusebench.run.schedule import rounds
     records: list[Record] = []
+    done: set[int] = set()
     with CellProgress(len(specs), enabled=show_progress, console=console) as progress:
-        for i, spec in enumerate(specs):
-            progress.start(i, spec.label())
-            rec = measure_cell(spec, opts, progress.phase)
+        cells = [_Cell(s, opts, progress.phase) for s in specs]
+
+        def finish(i: int, why: str = "") -> None:
+            done.add(i)
+            cells[i].close()
+            rec = cells[i].series.record()
             if notes and notes[i]:
                 rec = rec.replace(extra={**rec.extra, **notes[i]})
             records.append(rec)
+            progress.start(i, specs[i].label())     # interleaved: not the cell started last
+            progress.done(outcome(rec) + why)
             if writer is not None:
                 writer.append(rec)
             if on_record:
                 on_record(rec)
-            progress.done(outcome(rec))
+        try:
+            for batch in rounds(len(specs), opts.repeat, opts.interleave):
+                for i in batch:
+                    if not cells[i].series.finished:
+                        progress.start(i, specs[i].label())
+                        cells[i].series.step(progress.phase)
+                for i in sorted(set(batch)):
+                    if i not in done and cells[i].series.finished:
+                        finish(i)
+        except KeyboardInterrupt:
+            for i, c in enumerate(cells):     # processes that finished are not thrown away
+                if i not in done and c.series.records:
+                    n = len(c.series.records)
+                    finish(i, "" if c.series.finished else
+                           f" (interrupted: {n} of {opts.repeat} processes)")
+            raise
+        finally:
+            for c in cells:
+                c.close()
     return records

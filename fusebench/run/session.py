@@ -93,7 +93,7 @@ def _run(specs, writer, opts: RunOptions, prepare: Prepare | None = None
 def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out: bool,
             warm_cache: bool = False, retry_oom: bool = True, argv=None, table=None,
             details=None, prepare: Prepare | None = None, repeat: int = 1,
-            wait_idle: bool = False) -> int:
+            wait_idle: bool = False, interleave: bool = True) -> int:
     from fusebench.render.run_table import make_console, print_details, run_table
     table = table or run_table
     details = details or print_details
@@ -101,7 +101,8 @@ def execute(specs: list[CellSpec], *, stem: str, out: Path, save: bool, json_out
     console = make_console(stderr=json_out)
     writer = _open_writer(save, out, stem, argv)
     stopped = _run(specs, writer, RunOptions(warm_cache=warm_cache, retry_oom=retry_oom,
-                                             repeat=repeat, wait_idle=wait_idle), prepare)
+                                             repeat=repeat, wait_idle=wait_idle,
+                                             interleave=interleave), prepare)
     path = writer.path
     if path is not None and not writer.doc["records"]:
         path.unlink(missing_ok=True)   # nothing finished: no empty document left behind
