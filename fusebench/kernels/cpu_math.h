@@ -1,4 +1,4 @@
-// Shared pieces of the bundled C++ CPU kernels (included by act/ and bn_act/ cpu.cpp): the
+// Shared pieces of the bundled C++ CPU kernels (included by act/, bn_act/ and ln2d/ cpu.cpp): the
 // accumulation type, the parallel grain, fixed-chunk parallel loops and the activations with
 // their derivatives. One definition each, so the families cannot drift apart in numerics.
 //

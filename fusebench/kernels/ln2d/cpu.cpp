@@ -24,9 +24,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "../cpu_math.h"
 #include "../huge_pages.h"
 
 namespace {
+
+using fusebench::AccOf;            // the shared accumulation type, grain and fixed chunks
+using fusebench::grain;
+using fusebench::parallel_chunks;
 
 // H*W positions per task. Measured (32x96x56x56 fp32, 2 threads): 64 positions (a 256-byte run
 // per channel, 192 interleaved streams) left the kernel latency-bound at 1.5-2x its traffic;
@@ -34,7 +39,6 @@ namespace {
 // L2 for the second pass, so wide C gets shorter blocks.
 constexpr int64_t kMaxBlock = 512;
 constexpr int64_t kTileBytes = 192 * 1024;  // per tensor tile; bwd keeps two (x, dy) in L2
-constexpr int64_t kGrainElems = 32768;  // below ~128 KiB of work per thread, threads cost more
 // Backward of a channels-last x with C up to this runs the tiled path (rows transposed into a
 // (C, B) tile), wider C the per-row path (bwd_rows). Remeasured after bwd_rows lost its
 // gathers (8xCx56x56 fp32, 1 thread, interleaved, load ~5, tile / row / aten ms): C=3
@@ -51,22 +55,6 @@ int64_t tile_ld(int64_t B, int64_t elem_bytes) { return B + 64 / elem_bytes; }
 int64_t block_len(int64_t C, int64_t elem_bytes) {
   const int64_t b = kTileBytes / std::max<int64_t>(1, C * elem_bytes) / 16 * 16;
   return std::clamp<int64_t>(b, 16, kMaxBlock);
-}
-
-int64_t grain(int64_t elems_per_item) {
-  return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, elems_per_item));
-}
-
-template <typename T> struct AccOf { using type = float; };
-template <> struct AccOf<double> { using type = double; };
-
-// Split [0, n) into at most `parts` fixed chunks; fn(chunk_index, begin, end) runs in parallel.
-template <typename F>
-void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn) {
-  parts = std::max<int64_t>(1, std::min(parts, (n + grain_items - 1) / grain_items));
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) fn(p, p * n / parts, (p + 1) * n / parts);
-  });
 }
 
 // Per-part dweight/dbias partial sums, each part's two rows of C on cache lines of their own.
