@@ -57,7 +57,10 @@ void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn)
 enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kIdentity = 4 };
 
 template <int K> struct Act;
+// kCostly: the derivative costs a transcendental per value (exp/erf/tanh): a backward pass
+// that needs it twice stores it once instead (bn_act's dx pass reads g back).
 template <> struct Act<kSilu> {
+  static constexpr bool kCostly = true;
   template <typename A> static A f(A z) { return z / (A(1) + exp_(-z)); }
   template <typename A> static A d(A z) {
     const A s = sigmoid(z);
@@ -65,12 +68,14 @@ template <> struct Act<kSilu> {
   }
 };
 template <> struct Act<kRelu> {
+  static constexpr bool kCostly = false;
   // quiet compares: GCC (with -ftrapping-math) kept `z > 0` as control flow, and the dx loop
   // stayed scalar (relu backward 3x slower than silu's)
   template <typename A> static A f(A z) { return __builtin_isgreater(z, A(0)) ? z : A(0); }
   template <typename A> static A d(A z) { return static_cast<A>(__builtin_isgreater(z, A(0))); }
 };
 template <> struct Act<kGelu> {  // exact (erf)
+  static constexpr bool kCostly = true;
   template <typename A> static A f(A z) {
     return A(0.5) * z * (A(1) + erf_(z * A(0.7071067811865476)));
   }
@@ -80,6 +85,7 @@ template <> struct Act<kGelu> {  // exact (erf)
   }
 };
 template <> struct Act<kGeluTanh> {  // tanh approximation
+  static constexpr bool kCostly = true;
   template <typename A> static A t(A z) {
     return tanh_(A(0.7978845608028654) * (z + A(0.044715) * z * z * z));  // sqrt(2 / pi)
   }
@@ -92,6 +98,7 @@ template <> struct Act<kGeluTanh> {  // tanh approximation
 };
 
 template <> struct Act<kIdentity> {  // BN alone (a projection's BN): z and 1
+  static constexpr bool kCostly = false;
   template <typename A> static A f(A z) { return z; }
   template <typename A> static A d(A) { return A(1); }
 };
