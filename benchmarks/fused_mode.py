@@ -8,8 +8,9 @@
 Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_official: the
 official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
 convnext_atto's depths and widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes
-(eager, fused, compile). Each cell runs in its own worker process through fusebench's runner
-(the same measurement as `fusebench run`, correctness check included), one after the other.
+(eager, fused, compile). Each cell runs in worker processes through fusebench's runner (the
+same measurement as `fusebench run`, correctness check included); the modes of one (model,
+layout, threads) are the cells of one run, so their --repeat processes are interleaved.
 
 Default size, batch 8 at 160 px, warm-up 2, 6 timed steps: the issue's "b8, 160-224 px" at
 its cheap end, so that the eager/fused cells take ~10-20 s each on the 2-vCPU VM. What costs
@@ -18,10 +19,10 @@ so compile runs only where a target needs it (--compile-models, the EfficientNet
 --compile-threads (default 2). The compile cache is shared between the thread counts of one
 (model, layout): a second thread count compiles warm, and its compile seconds say "warm".
 
-OpenMP with all cores busy degrades badly when anything else runs, so before each cell the
-script waits (up to QUIET_WAIT_S) for the 1-minute load average, which the previous cell
-raised to ~threads, to fall below LOAD_WARN; every cell prints the load it started at, and a
-cell that started above it is marked LOADED (its timing is suspect). Targets (issue 15.2):
+OpenMP with all cores busy degrades badly when anything else runs, so before each group the
+script waits (up to QUIET_WAIT_S) for the 1-minute load average, which the previous group
+raised to ~threads, to fall below LOAD_WARN; every cell prints the load its group started at,
+and one that started above it is marked LOADED (its timing is suspect). Targets (issue 15.2):
 EfficientNet fused >= 1.3x eager, >= 1.0x compile's steady state, activation bytes <= 0.70x
 eager, correctness ok; ConvNeXt (ours and the official layout) fused >= 1.3x eager in both
 layouts. One PASS / FAIL / n/a line per target and (model, layout, threads).
@@ -37,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusebench.run.runner import RunOptions, measure_cell
+from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,8 +90,7 @@ def main(argv=None) -> int:
             for layout in args.layouts:
                 cache = Path(tmp) / f"{model}-{layout}"
                 for threads in args.threads:
-                    for mode in modes_for(args, model, threads):
-                        rec, load = run_cell(args, model, layout, threads, mode, cache)
+                    for mode, rec, load in run_group(args, model, layout, threads, cache):
                         grid[(model, layout, threads, mode)] = rec
                         records.append({**rec.to_dict(), "load_before": load})
     print(f"\nwall time {(time.monotonic() - t0) / 60:.1f} min")
@@ -157,21 +157,36 @@ def modes_for(args, model: str, threads: int) -> list[str]:
             or (model in args.compile_models and threads in args.compile_threads)]
 
 
-def run_cell(args, model, layout, threads, mode, cache: Path):
+def run_group(args, model, layout, threads, cache: Path) -> list[tuple[str, object, float]]:
+    """Every mode of one (model, layout, threads) as the cells of one run: their --repeat
+    processes interleaved (eager 1, fused 1, compile 1, fused 2, ...; run/schedule.py), so the
+    machine's drift over minutes (docs/measurement.md) hits every mode alike and the ratios
+    are of the same span of time."""
     load = os.getloadavg()[0] if args.quick else wait_quiet()
     ref, kwargs = MODELS[model]
     if args.quick:
         kwargs = QUICK_KWARGS.get(model, kwargs)
-    # warm: an earlier compile cell filled the cache (every cell creates the folder)
-    warm = mode == "compile" and cache.exists() and any(cache.iterdir())
+    # warm: an earlier compile cell filled the cache (every group creates the folder)
+    warm = cache.exists() and any(cache.iterdir())
     cache.mkdir(parents=True, exist_ok=True)
-    spec = CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
-                              model_kwargs=kwargs, channels_last=LAYOUTS[layout],
-                              warmup=args.warmup, steps=args.steps, threads=threads,
-                              timeout=1800.0, cache_dir=str(cache))
-    rec = measure_cell(spec, RunOptions(retry_oom=False, repeat=args.repeat), lambda _: None)
-    rec = rec.replace(extra={**rec.extra, "warm_compile": warm}) if warm else rec
-    st = rec.step_ms
+    modes = modes_for(args, model, threads)
+    specs = [CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
+                                model_kwargs=kwargs, channels_last=LAYOUTS[layout],
+                                warmup=args.warmup, steps=args.steps, threads=threads,
+                                timeout=1800.0, cache_dir=str(cache)) for mode in modes]
+    recs = run_cells(specs, opts=RunOptions(retry_oom=False, repeat=args.repeat),
+                     show_progress=False)
+    out = []
+    for rec in sorted(recs, key=lambda r: modes.index(r.spec.mode)):
+        w = warm and rec.spec.mode == "compile"
+        rec = rec.replace(extra={**rec.extra, "warm_compile": True}) if w else rec
+        _print_cell(model, layout, threads, rec, load, w)
+        out.append((rec.spec.mode, rec, load))
+    return out
+
+
+def _print_cell(model, layout, threads, rec, load: float, warm: bool) -> None:
+    st, mode = rec.step_ms, rec.spec.mode
     comp = (f"{rec.compile_s:6.1f} s{' warm' if warm else ''}" if mode == "compile"
             and rec.compile_s else "")
     print(f"{model:17} {layout:4} T{threads} {mode:8} {rec.status:8} "
@@ -179,7 +194,6 @@ def run_cell(args, model, layout, threads, mode, cache: Path):
           f"act {(rec.activation_bytes or 0) / 1e6:8.1f} MB  {_correct(rec):7} "
           f"load {load:5.2f}{'  LOADED' if load > LOAD_WARN else ''}  {comp}"
           + (f"  {rec.error.message[:80]}" if rec.error else ""), flush=True)
-    return rec, load
 
 
 def wait_quiet() -> float:
