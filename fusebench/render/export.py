@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
 
-from fusebench.render.compare_table import markdown_table
 from fusebench.render.csvtext import fields, quote
 from fusebench.render.escape import cell as safe_cell, cells as safe_cells
 from fusebench.results.bulk import paused_gc
@@ -117,6 +116,9 @@ def _fmt(v: Any) -> str:
 
 def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
+    # imported here: compare_table brings numpy and the statistics (~0.2 s the CSV export
+    # does not need)
+    from fusebench.render.compare_table import markdown_table
     cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
     if df.empty or not cols:
         return markdown_table(cols or ["(no records)"], [])
