@@ -50,3 +50,34 @@ def test_csv_without_the_frame_is_the_frames_csv(tmp_path, case):
 def test_no_records_is_the_frames_csv(tmp_path):
     empty = write_results(tmp_path / "empty.json", [])
     assert csv_of_files([empty]) == to_csv(load_results([empty]))
+
+
+def test_pieces_are_the_frames_csv_in_order(tmp_path, monkeypatch):
+    """Rows joined a piece at a time (here 2 rows a piece: blocks end mid-file and at a
+    file's end) make the same text, and `export -o` writes exactly that text."""
+    from typer.testing import CliRunner
+
+    from fusebench.cli import app
+    from fusebench.render import export
+
+    monkeypatch.setattr(export, "_ROWS_PER_PIECE", 2)
+    paths = _files(tmp_path)["several"]
+    pieces = list(export.csv_pieces(paths))
+    assert len(pieces) > 4 and all(p.endswith("\n") for p in pieces)
+    assert "".join(pieces) == to_csv(load_results(paths))
+    out = tmp_path / "out.csv"
+    res = CliRunner().invoke(app, ["export", *map(str, paths), "--format", "csv", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_text() == "".join(pieces)
+
+
+def test_pieces_raise_before_any_text(tmp_path):
+    """A bad file anywhere in the list fails the call itself, not the iteration: nothing is
+    written to stdout before the error."""
+    from fusebench.errors import UsageError
+    from fusebench.render.export import csv_pieces
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "fusebench/2", "records": [{"status": "ok"}]}')
+    with pytest.raises(UsageError):
+        csv_pieces([_files(tmp_path)["mixed"][0], bad])

@@ -5,8 +5,8 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
-from itertools import repeat
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from pydantic_core import to_json
 from fusebench.render.csvtext import fields, quote
 from fusebench.render.escape import cell as safe_cell, cells as safe_cells
 from fusebench.results.bulk import paused_gc
-from fusebench.results.columns import Const, file_columns
+from fusebench.results.columns import Const, FileColumns, file_columns
 from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, load_results, ordered_columns
 
 if TYPE_CHECKING:      # pandas is imported by the DataFrame exports only (~0.5 s)
@@ -171,11 +171,25 @@ def _column_render(segments: list[list[Any] | Const]):
 
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
     """to_csv(load_results(paths)), byte for byte, without building the DataFrame."""
+    return "".join(csv_pieces(paths))
+
+
+def csv_pieces(paths: str | Path | Iterable[str | Path]) -> Iterator[str]:
+    """csv_of_files(paths) as consecutive pieces of text, for writing as they come: the
+    whole text of 100,000 records (122 MB, and its encoding as much again) is never held at
+    once. Every file is read and every cell written before this returns: an error is raised
+    before any text is output."""
     with paused_gc():
-        return _csv_of_files(paths)
+        cells = _cells_of_files(paths)
+    return iter([cells]) if isinstance(cells, str) else _row_pieces(*cells)
 
 
-def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
+_ROWS_PER_PIECE = 1024       # ~1 MB of text a piece: reused memory, not a fresh mapping
+
+
+def _cells_of_files(paths: str | Path | Iterable[str | Path]
+                    ) -> str | tuple[list[str], list[list[list[str] | str]], list[FileColumns]]:
+    """The whole text (no or one column), or the column names and each table's cells."""
     tables = [t for t in map(file_columns, as_paths(paths)) if t.n]
     if not tables:
         return to_csv(load_results([]))
@@ -194,11 +208,17 @@ def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows([columns, *zip(cells)])
         return buf.getvalue()
-    out = [",".join(map(quote, columns))]
+    return columns, parts, tables
+
+
+def _row_pieces(columns: list[str], parts: list[list[list[str] | str]],
+                tables: list[FileColumns]) -> Iterator[str]:
+    yield ",".join(map(quote, columns)) + "\n"
     for part, t in zip(parts, tables):
-        out.extend(map(",".join, zip(*_merged(part, t.n))))
-    out.append("")
-    return "\n".join(out)
+        rows = zip(*_merged(part, t.n))
+        while block := list(map(",".join, islice(rows, _ROWS_PER_PIECE))):
+            block.append("")
+            yield "\n".join(block)
 
 
 _GAP = Const(None)       # a column a file lacks: empty cells (NaN in the DataFrame)
@@ -216,6 +236,6 @@ def _merged(part: list[list[str] | str], n: int) -> list[Any]:
 
 
 EXPORTERS = {"csv": to_csv, "markdown": to_markdown}
-# what `fusebench export` runs: files -> text
-FILE_EXPORTERS = {"csv": csv_of_files,
-                  "markdown": lambda paths: to_markdown(load_results(paths))}
+# what `fusebench export` runs: files -> its text, in pieces
+FILE_EXPORTERS = {"csv": csv_pieces,
+                  "markdown": lambda paths: iter([to_markdown(load_results(paths))])}
