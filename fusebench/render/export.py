@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,23 +54,30 @@ _SEP = "\x00"                       # between a column's values in its one JSON 
 _SEP_JSON = ',"\\u0000",'
 
 
-def _json_all(values: Sequence[Any]) -> list[str]:
-    """_json of each value of a column of lists and dicts, in one call of the encoder: the
-    column's values with a separator string between them, written as one JSON list and split
-    at the separators. Exact when the separator's text occurs only between values (a value
-    holding it makes more pieces: then one call per value)."""
-    if len(values) == 0:
-        return []
+def _to_json_texts(values: Sequence[Any]) -> list[str] | None:
+    """_json of each value, from one call of pydantic-core over the whole column (the values
+    with a separator string between them, written as one JSON list and split at the
+    separators); None where that is not exact: text not pure ASCII without DEL (then _json
+    takes the json module), or a value holding the separator's text (more pieces)."""
     mixed: list[Any] = [_SEP] * (2 * len(values) - 1)
     mixed[::2] = values
     try:
         b = _to_json(mixed)
     except (TypeError, ValueError):
-        return list(map(_json, values))
+        return None
     if not b.isascii() or b"\x7f" in b:
-        return list(map(_json, values))
+        return None
     parts = b.decode()[1:-1].split(_SEP_JSON)
-    return parts if len(parts) == len(values) else list(map(_json, values))
+    return parts if len(parts) == len(values) else None
+
+
+def _json_all(values: Sequence[Any]) -> list[str]:
+    """_json of each value of a column of lists and dicts, in one call of the encoder where
+    that is exact (_to_json_texts), else one call per value."""
+    if len(values) == 0:
+        return []
+    texts = _to_json_texts(values)
+    return texts if texts is not None else list(map(_json, values))
 
 
 _CONTAINERS = (list, tuple, dict)
@@ -166,7 +174,140 @@ def _column_render(segments: list[list[Any] | Const]):
             return (lambda vs: fields(_as_floats(vs))) if ints else fields
     if not kinds & {str, list, tuple, dict}:
         return fields
-    return lambda vs: fields(_column_text(vs))
+    return _text_cells
+
+
+def _text_cells(values: Sequence[Any]) -> list[str]:
+    """fields(_column_text(values)): a column of text, lists or dicts as CSV cells."""
+    fast = _number_list_cells(values)
+    if fast is None:
+        fast = _dict_cells(values)
+    return fast if fast is not None else fields(_column_text(values))
+
+
+# --- JSON cells without splitting and quoting passes ---------------------------------------------
+# Two columns of a big export are most of its text: the step samples (lists of 40 numbers) and
+# the spec (a dict of ~20 leaves, of which a sweep varies a few). Each fast path below writes
+# exactly what fields(_column_text(values)) writes, or returns None (then that path is taken).
+
+def _number_list_cells(values: Sequence[Any]) -> list[str] | None:
+    """Cells of a column of lists of two or more numbers: their JSON from one pydantic-core
+    call, split between lists and put in quotes (a comma in each). Numbers only: no string
+    (no quote in the text) and no nested list or dict (one [ per list)."""
+    if len(values) < 2 or not set(map(type, values)) <= {list, tuple} or \
+            min(map(len, values)) < 2:      # 0 or 1 numbers: no comma, not quoted
+        return None
+    try:
+        b = _to_json(values)
+    except (TypeError, ValueError):
+        return None
+    if b.count(b"[") != len(values) + 1 or b'"' in b or b"{" in b or not b.isascii() \
+            or b"\x7f" in b:
+        return None
+    parts = b.split(b"],[")      # bytes: the column's text is never copied whole
+    del b
+    parts[0], parts[-1] = parts[0][2:], parts[-1][:-2]
+    return ['"[' + p.decode() + ']"' for p in parts]
+
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _constant(column: Sequence[Any]) -> bool:
+    """Every value writes the same JSON: one type, one value (a float by its bits: -0.0 is
+    not 0.0; 1, 1.0 and True are different types), or every list or dict empty."""
+    first = column[0]
+    if type(first) in (str, type(None)):    # equal only to their own type: no type scan
+        return column.count(first) == len(column)
+    kinds = set(map(type, column))
+    if len(kinds) != 1:
+        return False
+    kind = kinds.pop()
+    if kind is float:
+        return len(set(map(float.hex, column))) == 1
+    if kind in _SCALARS:
+        return len(set(column)) == 1
+    return kind in (list, tuple, dict) and not any(column)
+
+
+def _leaves(nodes: Sequence[Any], path: tuple, out: dict[tuple, Sequence[Any]]) -> bool:
+    """The leaves under dicts `nodes` (one per record) by key path into `out`, when every
+    record's dict there has the same keys in the same order (False when not: no template).
+    A non-empty dict is descended; anything else is a leaf."""
+    if set(map(type, nodes)) != {dict} or len(set(map(tuple, nodes))) != 1:
+        return False
+    keys = tuple(nodes[0])
+    columns = zip(*map(itemgetter(*keys), nodes)) if len(keys) > 1 else \
+        [list(map(itemgetter(*keys), nodes))] if keys else []
+    for key, column in zip(keys, columns):
+        if type(column[0]) is dict and column[0]:
+            if not _leaves(column, path + (key,), out):
+                return False
+        else:
+            out[path + (key,)] = column
+    return True
+
+
+_SLOT = "\x00%d\x00"     # a varying leaf in the template (its JSON text must occur once)
+
+
+def _dict_cells(values: Sequence[Any]) -> list[str] | None:
+    """Cells of a column of dicts of one layout: one template (the first dict's JSON, its
+    varying leaves as slots) filled with those leaves' JSON. Exact when every piece is what
+    pydantic-core writes for the whole dict: keys in one order, and the template and every
+    leaf's text pure ASCII without DEL (else _json takes the json module: None here)."""
+    if len(values) < 2:
+        return None
+    leaves: dict[tuple, Sequence[Any]] = {}
+    if not _leaves(values, (), leaves):
+        return None
+    varying = [p for p, column in leaves.items() if not _constant(column)]
+    skeleton = _skeleton(values[0], {p: _SLOT % i for i, p in enumerate(varying)})
+    try:
+        template = _to_json(skeleton)
+    except (TypeError, ValueError):
+        return None
+    if not template.isascii() or b"\x7f" in template or b'"' not in template:
+        return None         # without a quote ({}) the csv module would not quote the cell
+    pieces = _split_at_slots(template.decode(), len(varying))
+    texts = [_to_json_texts(leaves[p]) for p in varying]
+    if pieces is None or any(t is None for t in texts):
+        return None
+    quoted = [t if '"' not in "".join(t) else [x.replace('"', '""') for x in t]
+              for t in texts]     # type: ignore[union-attr]
+    # each cell: '"' + its JSON with quotes doubled + '"' (it always holds a key's quotes)
+    pieces = [p.replace('"', '""') for p in pieces]
+    pieces[0], pieces[-1] = '"' + pieces[0], pieces[-1] + '"'
+    if not varying:
+        return [pieces[0]] * len(values)
+    rows = [repeat(pieces[0])]
+    for column, piece in zip(quoted, pieces[1:]):
+        rows += (column, repeat(piece))
+    return list(map("".join, zip(*rows)))
+
+
+def _skeleton(d: dict[str, Any], slots: dict[tuple, str], path: tuple = ()) -> dict[str, Any]:
+    """d with the leaf at each path of `slots` replaced by its slot text."""
+    out = {}
+    for k, v in d.items():
+        p = path + (k,)
+        out[k] = slots[p] if p in slots else \
+            _skeleton(v, slots, p) if type(v) is dict and v else v
+    return out
+
+
+def _split_at_slots(template: str, n: int) -> list[str] | None:
+    """The template's text around its n slots' JSON (in order), or None when a slot's text
+    is not there exactly once (a constant that holds it: no template)."""
+    pieces = []
+    for i in range(n):
+        slot = '"' + (_SLOT % i).replace("\x00", "\\u0000") + '"'
+        if template.count(slot) != 1:
+            return None
+        before, template = template.split(slot)
+        pieces.append(before)
+    pieces.append(template)
+    return pieces
 
 
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
