@@ -54,9 +54,15 @@ def _floats(n: int, seed: int = 0) -> list[float]:
     ["a", "b,c", 'say "hi"', "two\nlines", "", None, 3, 2.5] * 20,
     [json.dumps([i, i + 0.5]) for i in range(1500)],    # distinct texts that all need quotes
     ['x\x00y,z'] + [f"[{i},1]" for i in range(1500)],  # one that holds the separator
+    # one value throughout (written once), and columns that only look like it
+    [1.0e-05] * 300, [2 ** 40] * 300, [None] * 300, [float("nan")] * 300,
+    [-0.0] * 300, [0.0] * 299 + [-0.0], [0] * 300, [1] * 299 + [1.0], [1.0] * 299 + [True],
 ])
 def test_fields_are_what_the_csv_module_writes(column):
     assert fields(column) == _writer_cells(column)
+    assert fields(tuple(column)) == _writer_cells(column)       # columns.py gives tuples
+    kinds = set(map(type, column))
+    assert fields(column, kinds | {int, float, type(None)}) == _writer_cells(column)
 
 
 def test_number_fields_is_repr_for_every_float():

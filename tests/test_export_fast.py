@@ -146,6 +146,8 @@ def _dict_cases() -> dict[str, tuple[list[dict], bool]]:
         "numbers": (_specs(names, seed=[1, 1.0, True, 2 ** 70, -1, 0] * 2,
                            budget=[1e-05, 0.5, -0.0, 0.0, 1e16, float("inf")] * 2,
                            timeout=[float("nan")] * 12), True),
+        "zero signs": (_specs(names, budget=[0.0] * 11 + [-0.0], timeout=[2.5] * 12,
+                              seed=[0] * 11 + [0.0]), True),
         "lists": (_specs(names, threads=[[], (), [1, "a"], None] * 3), True),
         "constant kwargs": (kw, True),
         "kwargs as a varying leaf": (kw_leaf, True),

@@ -171,9 +171,12 @@ def _column_render(segments: list[list[Any] | Const]):
     if kinds and kinds <= {int, float} and (float in kinds or none):
         ints = _ints(segments) if int in kinds else ()
         if not ints or _INT64[0] <= min(ints) and max(ints) < _INT64[1]:
-            return (lambda vs: fields(_as_floats(vs))) if ints else fields
+            kinds = {float, type(None)} if none else {float}
+            return (lambda vs: fields(_as_floats(vs), kinds)) if ints else \
+                (lambda vs: fields(vs, kinds))
     if not kinds & {str, list, tuple, dict}:
-        return fields
+        kinds |= {type(None)} if none else set()
+        return lambda vs: fields(vs, kinds)     # each file's part: these types or fewer
     return _text_cells
 
 
@@ -223,8 +226,9 @@ def _constant(column: Sequence[Any]) -> bool:
     if len(kinds) != 1:
         return False
     kind = kinds.pop()
-    if kind is float:
-        return len(set(map(float.hex, column))) == 1
+    if kind is float:       # equal and not zero: the same bits (NaN is not equal to itself)
+        return len(set(column)) == 1 and \
+            (column[0] != 0 or len(set(map(float.hex, column))) == 1)
     if kind in _SCALARS:
         return len(set(column)) == 1
     return kind in (list, tuple, dict) and not any(column)
