@@ -47,6 +47,18 @@ def test_csv_without_the_frame_is_the_frames_csv(tmp_path, case):
     assert fast.count("\n") > 1
 
 
+@pytest.mark.parametrize("case", ["mixed", "odd", "several"])
+def test_text_columns_in_blocks_are_the_frames_csv(tmp_path, monkeypatch, case):
+    """Long text columns are written a block of values at a time (here 2 or 3: blocks end
+    inside a file, and layouts, types and fast paths change from block to block)."""
+    from fusebench.render import export
+    paths = _files(tmp_path)[case]
+    want = to_csv(load_results(paths))
+    for block in (2, 3):
+        monkeypatch.setattr(export, "_BLOCK", block)
+        assert csv_of_files(paths) == want
+
+
 def test_no_records_is_the_frames_csv(tmp_path):
     empty = write_results(tmp_path / "empty.json", [])
     assert csv_of_files([empty]) == to_csv(load_results([empty]))

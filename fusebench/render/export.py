@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from pydantic_core import to_json
 
@@ -180,8 +180,23 @@ def _column_render(segments: list[list[Any] | Const]):
     return _text_cells
 
 
-def _text_cells(values: Sequence[Any]) -> list[str]:
-    """fields(_column_text(values)): a column of text, lists or dicts as CSV cells."""
+Cells = Union[list[str], Iterator[str]]      # a column's cells in row order
+
+_BLOCK = 2048      # values of a text column written at a time, as the rows are joined
+
+
+def _text_cells(values: Sequence[Any]) -> list[str] | Iterator[str]:
+    """fields(_column_text(values)): a column of text, lists or dicts as CSV cells; a long
+    column a block at a time, as the rows are written. Why: the cells of 100,000 samples
+    lists and specs are ~110 MB (page faults), a block's ~2 MB is reused memory. Exact: a
+    cell's text depends only on its value (and the column's decision, made before)."""
+    if len(values) <= _BLOCK:
+        return _block_cells(values)
+    return (x for i in range(0, len(values), _BLOCK)
+            for x in _block_cells(values[i:i + _BLOCK]))
+
+
+def _block_cells(values: Sequence[Any]) -> list[str]:
     fast = _number_list_cells(values)
     if fast is None:
         fast = _dict_cells(values)
@@ -333,14 +348,14 @@ _ROWS_PER_PIECE = 1024       # ~1 MB of text a piece: reused memory, not a fresh
 
 
 def _cells_of_files(paths: str | Path | Iterable[str | Path]
-                    ) -> str | tuple[list[str], list[list[list[str] | str]], list[FileColumns]]:
+                    ) -> str | tuple[list[str], list[list[Cells | str]], list[FileColumns]]:
     """The whole text (no or one column), or the column names and each table's cells."""
     tables = [t for t in map(file_columns, as_paths(paths)) if t.n]
     if not tables:
         return to_csv(load_results([]))
     columns = ordered_columns(dict.fromkeys(
         c for t in tables for c in (*t.head, *t.names, *t.env)))
-    parts: list[list[list[str] | str]] = [[] for _ in tables]    # each table's cells
+    parts: list[list[Cells | str]] = [[] for _ in tables]    # each table's cells
     for c in columns:
         segments = [t.columns.get(c, _GAP) for t in tables]
         render = _column_render(segments)
@@ -356,20 +371,21 @@ def _cells_of_files(paths: str | Path | Iterable[str | Path]
     return columns, parts, tables
 
 
-def _row_pieces(columns: list[str], parts: list[list[list[str] | str]],
+def _row_pieces(columns: list[str], parts: list[list[Cells | str]],
                 tables: list[FileColumns]) -> Iterator[str]:
     yield ",".join(map(quote, columns)) + "\n"
-    for part, t in zip(parts, tables):
-        rows = zip(*_merged(part, t.n))
-        while block := list(map(",".join, islice(rows, _ROWS_PER_PIECE))):
-            block.append("")
-            yield "\n".join(block)
+    with paused_gc():       # text columns written as the rows go (_text_cells): no GC walks
+        for part, t in zip(parts, tables):
+            rows = zip(*_merged(part, t.n))
+            while block := list(map(",".join, islice(rows, _ROWS_PER_PIECE))):
+                block.append("")
+                yield "\n".join(block)
 
 
 _GAP = Const(None)       # a column a file lacks: empty cells (NaN in the DataFrame)
 
 
-def _merged(part: list[list[str] | str], n: int) -> list[Any]:
+def _merged(part: list[Cells | str], n: int) -> list[Any]:
     """A table's columns for zip: runs of constant cells joined once, repeated n times."""
     out: list[Any] = []
     for cells in part:
