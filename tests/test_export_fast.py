@@ -114,6 +114,17 @@ _NUMBER_LISTS = {
 }
 
 
+@pytest.mark.parametrize("values", [
+    [["first", "steady"]] * 5,                  # one list of texts: its cell written once
+    [["first", "steady"]] * 4 + [("first", "steady")],
+    [["a,b", '"q"']] * 3 + [["a,b", '"q"', "c"]],
+    [["=SUM(1)"]] * 3, [[]] * 3, [["1"], [1], [1.0]], [[1], [1.0], [True]],
+])
+def test_block_cells_are_the_slow_cells(values):
+    from fusebench.render.export import _block_cells
+    assert _block_cells(values) == _slow_cells(values)
+
+
 @pytest.mark.parametrize("case", list(_NUMBER_LISTS))
 def test_number_list_cells_are_the_slow_cells(case):
     from fusebench.render.export import _number_list_cells, _text_cells

@@ -6,7 +6,7 @@ import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice, repeat
+from itertools import chain, islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -192,11 +192,17 @@ def _text_cells(values: Sequence[Any]) -> list[str] | Iterator[str]:
     cell's text depends only on its value (and the column's decision, made before)."""
     if len(values) <= _BLOCK:
         return _block_cells(values)
-    return (x for i in range(0, len(values), _BLOCK)
-            for x in _block_cells(values[i:i + _BLOCK]))
+    blocks = (values[i:i + _BLOCK] for i in range(0, len(values), _BLOCK))
+    return chain.from_iterable(map(_block_cells, blocks))   # no Python frame per cell
 
 
 def _block_cells(values: Sequence[Any]) -> list[str]:
+    first = values[0] if values else None
+    if type(first) is list and values.count(first) == len(values) and \
+            all(type(x) is str for x in first):
+        # one list of texts throughout (correctness.checked_at): its cell written once. A
+        # value equal to it is a list of the same texts (a str equals only a str)
+        return fields(_column_text([first])) * len(values)
     fast = _number_list_cells(values)
     if fast is None:
         fast = _dict_cells(values)
