@@ -207,3 +207,14 @@ def test_csv_of_many_records_with_hostile_varying_values(tmp_path):
     assert text == to_csv(load_results([path]))
     specs = [json.loads(line)["spec"] for line in [json.dumps(r.to_dict()) for r in recs]]
     assert _dict_cells(specs) is not None        # the template path was the one tested
+
+
+def test_loaded_columns_are_settled_before_the_rows_are_written(tmp_path, monkeypatch):
+    """csv_pieces tells bulk.settled how many rows stay alive while they are written (a big
+    export then freezes them: the first collection after the GC pause would walk them all)."""
+    from fusebench.render import export
+    counts = []
+    monkeypatch.setattr(export, "settled", counts.append)
+    paths = _files(tmp_path)["several"]
+    text = "".join(export.csv_pieces(paths))
+    assert counts == [text.count("\n") - 1]
