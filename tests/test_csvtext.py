@@ -38,7 +38,8 @@ def _floats(n: int, seed: int = 0) -> list[float]:
     rng = np.random.default_rng(seed)
     xs = rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)
     edge = [0.0, -0.0, 5e-324, 1e-5, 1.5e-5, 9.99e-5, 1e-4, 1e-6, 1e15, 1e16, 1e22, 0.1 + 0.2,
-            1.7976931348623157e308, 2.5, 100.0, 10.00001, -100.00005, 1230.000012, 1.0000123]
+            1.7976931348623157e308, 2.5, 100.0, 10.00001, -100.00005, 1230.000012, 1.0000123,
+            -1.5e-05, -9.99e-05, 10.0000123, -0.00001234]
     return edge + [float(x) for x in xs]
 
 
@@ -54,9 +55,15 @@ def _floats(n: int, seed: int = 0) -> list[float]:
     ["a", "b,c", 'say "hi"', "two\nlines", "", None, 3, 2.5] * 20,
     [json.dumps([i, i + 0.5]) for i in range(1500)],    # distinct texts that all need quotes
     ['x\x00y,z'] + [f"[{i},1]" for i in range(1500)],  # one that holds the separator
+    # one value throughout (written once), and columns that only look like it
+    [1.0e-05] * 300, [2 ** 40] * 300, [None] * 300, [float("nan")] * 300,
+    [-0.0] * 300, [0.0] * 299 + [-0.0], [0] * 300, [1] * 299 + [1.0], [1.0] * 299 + [True],
 ])
 def test_fields_are_what_the_csv_module_writes(column):
     assert fields(column) == _writer_cells(column)
+    assert fields(tuple(column)) == _writer_cells(column)       # columns.py gives tuples
+    kinds = set(map(type, column))
+    assert fields(column, kinds | {int, float, type(None)}) == _writer_cells(column)
 
 
 def test_number_fields_is_repr_for_every_float():

@@ -28,11 +28,11 @@ def export(
 
     if output is not None:      # before loading anything: a bad -o fails fast
         check_output_file(output, files)
-    text = FILE_EXPORTERS[fmt.value](files)
+    pieces = FILE_EXPORTERS[fmt.value](files)     # everything read: only writing is left
     if output is None:
-        sys.stdout.write(text)
+        sys.stdout.writelines(pieces)
     else:
-        write_atomic(output, text)
+        write_atomic(output, pieces)
         print(f"wrote {output}", file=sys.stderr)
 
 

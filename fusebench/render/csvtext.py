@@ -40,12 +40,14 @@ def quote(s: str) -> str:
     return s
 
 
-def fields(values: Sequence[Any]) -> list[str]:
+def fields(values: Sequence[Any], kinds: set[type] | None = None) -> list[str]:
     """Each cell of a column as csv.writer writes it: None empty, a number or bool by str (a
-    float's str is its repr), text quoted when needed; each distinct text quoted once."""
-    kinds = set(map(type, values))
+    float's str is its repr), text quoted when needed; each distinct text quoted once.
+    `kinds`: the values' types (or more), where the caller knows them: no scan of them here
+    (a superset only takes a slower path to the same text)."""
+    kinds = set(map(type, values)) if kinds is None else kinds
     if str not in kinds:
-        fast = number_fields(values)
+        fast = number_fields(values, kinds)
         if fast is not None:
             return fast
         return (["" if v is None else str(v) for v in values] if type(None) in kinds
@@ -79,18 +81,29 @@ def _quote_every(texts: Sequence[str]) -> list[str]:
 # pydantic-core writes 1e-6 where repr writes 1e-06, and 0.00001234 (1e-5 <= |x| < 1e-4)
 # where repr writes 1.234e-05: the two fixes that make its text repr's
 _SHORT_EXPONENT = re.compile(r"e-(\d)(?!\d)")
-_POSITIONAL_SMALL = re.compile(r"(?<![\d.])-?0\.0000\d+")     # a whole number, not 10.00001
+# A pattern that starts with its literal is searched for by a fast scan; a lookbehind first
+# (a whole number, not the end of 10.00001) made it try every position: ~40 ms a column of
+# 100,000 floats. The sign, where there is one, stays in the text: repr(-x) is "-" + repr(x).
+_POSITIONAL_SMALL = re.compile(r"0\.0000\d+")
 
 
 def _repr_small(m: re.Match) -> str:
+    at = m.start()
+    if at and m.string[at - 1] in "0123456789.":      # inside a number (10.00001): as it is
+        return m.group()
     return repr(float(m.group()))
 
 
-def number_fields(values: Sequence[Any]) -> list[str] | None:
-    """_fields of a column of floats and ints (None: empty), or None when it is not one."""
-    kinds = set(map(type, values))
+def number_fields(values: Sequence[Any], kinds: set[type] | None = None) -> list[str] | None:
+    """_fields of a column of floats and ints (None: empty), or None when it is not one.
+    `kinds` as for fields."""
+    kinds = set(map(type, values)) if kinds is None else kinds
     if not kinds or not kinds <= {float, int, type(None)} or len(values) < 100:
         return None
+    first = values[0]
+    if len(kinds) == 1 and values.count(first) == len(values) and first != 0:
+        # one value (a sweep's params, its memory): written once. Not 0: -0.0 == 0.0
+        return ["" if first is None else str(first)] * len(values)
     # few values (a constant, batch sizes)? The first 400 tell, without hashing every value
     distinct = set(values) if len(set(values[:400])) < 100 else None
     if distinct is not None and len(distinct) * 4 < len(values) and \

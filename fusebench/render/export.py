@@ -5,18 +5,18 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
-from itertools import repeat
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, islice, repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from pydantic_core import to_json
 
-from fusebench.render.compare_table import markdown_table
 from fusebench.render.csvtext import fields, quote
 from fusebench.render.escape import cell as safe_cell, cells as safe_cells
-from fusebench.results.bulk import paused_gc
-from fusebench.results.columns import Const, file_columns
+from fusebench.results.bulk import paused_gc, settled
+from fusebench.results.columns import Const, FileColumns, file_columns
 from fusebench.results.frame import SUMMARY_COLUMNS, as_paths, load_results, ordered_columns
 
 if TYPE_CHECKING:      # pandas is imported by the DataFrame exports only (~0.5 s)
@@ -54,23 +54,30 @@ _SEP = "\x00"                       # between a column's values in its one JSON 
 _SEP_JSON = ',"\\u0000",'
 
 
-def _json_all(values: Sequence[Any]) -> list[str]:
-    """_json of each value of a column of lists and dicts, in one call of the encoder: the
-    column's values with a separator string between them, written as one JSON list and split
-    at the separators. Exact when the separator's text occurs only between values (a value
-    holding it makes more pieces: then one call per value)."""
-    if len(values) == 0:
-        return []
+def _to_json_texts(values: Sequence[Any]) -> list[str] | None:
+    """_json of each value, from one call of pydantic-core over the whole column (the values
+    with a separator string between them, written as one JSON list and split at the
+    separators); None where that is not exact: text not pure ASCII without DEL (then _json
+    takes the json module), or a value holding the separator's text (more pieces)."""
     mixed: list[Any] = [_SEP] * (2 * len(values) - 1)
     mixed[::2] = values
     try:
         b = _to_json(mixed)
     except (TypeError, ValueError):
-        return list(map(_json, values))
+        return None
     if not b.isascii() or b"\x7f" in b:
-        return list(map(_json, values))
+        return None
     parts = b.decode()[1:-1].split(_SEP_JSON)
-    return parts if len(parts) == len(values) else list(map(_json, values))
+    return parts if len(parts) == len(values) else None
+
+
+def _json_all(values: Sequence[Any]) -> list[str]:
+    """_json of each value of a column of lists and dicts, in one call of the encoder where
+    that is exact (_to_json_texts), else one call per value."""
+    if len(values) == 0:
+        return []
+    texts = _to_json_texts(values)
+    return texts if texts is not None else list(map(_json, values))
 
 
 _CONTAINERS = (list, tuple, dict)
@@ -117,6 +124,9 @@ def _fmt(v: Any) -> str:
 
 def to_markdown(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     """A markdown table of the summary columns (or `columns`); no tabulate dependency."""
+    # imported here: compare_table brings numpy and the statistics (~0.2 s the CSV export
+    # does not need)
+    from fusebench.render.compare_table import markdown_table
     cols = [c for c in (columns or SUMMARY_COLUMNS) if c in df.columns]
     if df.empty or not cols:
         return markdown_table(cols or ["(no records)"], [])
@@ -161,25 +171,201 @@ def _column_render(segments: list[list[Any] | Const]):
     if kinds and kinds <= {int, float} and (float in kinds or none):
         ints = _ints(segments) if int in kinds else ()
         if not ints or _INT64[0] <= min(ints) and max(ints) < _INT64[1]:
-            return (lambda vs: fields(_as_floats(vs))) if ints else fields
+            kinds = {float, type(None)} if none else {float}
+            return (lambda vs: fields(_as_floats(vs), kinds)) if ints else \
+                (lambda vs: fields(vs, kinds))
     if not kinds & {str, list, tuple, dict}:
-        return fields
-    return lambda vs: fields(_column_text(vs))
+        kinds |= {type(None)} if none else set()
+        return lambda vs: fields(vs, kinds)     # each file's part: these types or fewer
+    return _text_cells
+
+
+Cells = Union[list[str], Iterator[str]]      # a column's cells in row order
+
+_BLOCK = 2048      # values of a text column written at a time, as the rows are joined
+
+
+def _text_cells(values: Sequence[Any]) -> list[str] | Iterator[str]:
+    """fields(_column_text(values)): a column of text, lists or dicts as CSV cells; a long
+    column a block at a time, as the rows are written. Why: the cells of 100,000 samples
+    lists and specs are ~110 MB (page faults), a block's ~2 MB is reused memory. Exact: a
+    cell's text depends only on its value (and the column's decision, made before)."""
+    if len(values) <= _BLOCK:
+        return _block_cells(values)
+    blocks = (values[i:i + _BLOCK] for i in range(0, len(values), _BLOCK))
+    return chain.from_iterable(map(_block_cells, blocks))   # no Python frame per cell
+
+
+def _block_cells(values: Sequence[Any]) -> list[str]:
+    first = values[0] if values else None
+    if type(first) is list and values.count(first) == len(values) and \
+            all(type(x) is str for x in first):
+        # one list of texts throughout (correctness.checked_at): its cell written once. A
+        # value equal to it is a list of the same texts (a str equals only a str)
+        return fields(_column_text([first])) * len(values)
+    fast = _number_list_cells(values)
+    if fast is None:
+        fast = _dict_cells(values)
+    return fast if fast is not None else fields(_column_text(values))
+
+
+# --- JSON cells without splitting and quoting passes ---------------------------------------------
+# Two columns of a big export are most of its text: the step samples (lists of 40 numbers) and
+# the spec (a dict of ~20 leaves, of which a sweep varies a few). Each fast path below writes
+# exactly what fields(_column_text(values)) writes, or returns None (then that path is taken).
+
+def _number_list_cells(values: Sequence[Any]) -> list[str] | None:
+    """Cells of a column of lists of two or more numbers: their JSON from one pydantic-core
+    call, split between lists and put in quotes (a comma in each). Numbers only: no string
+    (no quote in the text) and no nested list or dict (one [ per list)."""
+    if len(values) < 2 or not set(map(type, values)) <= {list, tuple} or \
+            min(map(len, values)) < 2:      # 0 or 1 numbers: no comma, not quoted
+        return None
+    try:
+        b = _to_json(values)
+    except (TypeError, ValueError):
+        return None
+    if b.count(b"[") != len(values) + 1 or b'"' in b or b"{" in b or not b.isascii() \
+            or b"\x7f" in b:
+        return None
+    parts = b.split(b"],[")      # bytes: the column's text is never copied whole
+    del b
+    parts[0], parts[-1] = parts[0][2:], parts[-1][:-2]
+    return ['"[' + p.decode() + ']"' for p in parts]
+
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _constant(column: Sequence[Any]) -> bool:
+    """Every value writes the same JSON: one type, one value (a float by its bits: -0.0 is
+    not 0.0; 1, 1.0 and True are different types), or every list or dict empty."""
+    first = column[0]
+    if type(first) in (str, type(None)):    # equal only to their own type: no type scan
+        return column.count(first) == len(column)
+    kinds = set(map(type, column))
+    if len(kinds) != 1:
+        return False
+    kind = kinds.pop()
+    if kind is float:       # equal and not zero: the same bits (NaN is not equal to itself)
+        return len(set(column)) == 1 and \
+            (column[0] != 0 or len(set(map(float.hex, column))) == 1)
+    if kind in _SCALARS:
+        return len(set(column)) == 1
+    return kind in (list, tuple, dict) and not any(column)
+
+
+def _leaves(nodes: Sequence[Any], path: tuple, out: dict[tuple, Sequence[Any]]) -> bool:
+    """The leaves under dicts `nodes` (one per record) by key path into `out`, when every
+    record's dict there has the same keys in the same order (False when not: no template).
+    A non-empty dict is descended; anything else is a leaf."""
+    if set(map(type, nodes)) != {dict} or len(set(map(tuple, nodes))) != 1:
+        return False
+    keys = tuple(nodes[0])
+    columns = zip(*map(itemgetter(*keys), nodes)) if len(keys) > 1 else \
+        [list(map(itemgetter(*keys), nodes))] if keys else []
+    for key, column in zip(keys, columns):
+        if type(column[0]) is dict and column[0]:
+            if not _leaves(column, path + (key,), out):
+                return False
+        else:
+            out[path + (key,)] = column
+    return True
+
+
+_SLOT = "\x00%d\x00"     # a varying leaf in the template (its JSON text must occur once)
+
+
+def _dict_cells(values: Sequence[Any]) -> list[str] | None:
+    """Cells of a column of dicts of one layout: one template (the first dict's JSON, its
+    varying leaves as slots) filled with those leaves' JSON. Exact when every piece is what
+    pydantic-core writes for the whole dict: keys in one order, and the template and every
+    leaf's text pure ASCII without DEL (else _json takes the json module: None here)."""
+    if len(values) < 2:
+        return None
+    leaves: dict[tuple, Sequence[Any]] = {}
+    if not _leaves(values, (), leaves):
+        return None
+    varying = [p for p, column in leaves.items() if not _constant(column)]
+    skeleton = _skeleton(values[0], {p: _SLOT % i for i, p in enumerate(varying)})
+    try:
+        template = _to_json(skeleton)
+    except (TypeError, ValueError):
+        return None
+    if not template.isascii() or b"\x7f" in template or b'"' not in template:
+        return None         # without a quote ({}) the csv module would not quote the cell
+    pieces = _split_at_slots(template.decode(), len(varying))
+    texts = [_to_json_texts(leaves[p]) for p in varying]
+    if pieces is None or any(t is None for t in texts):
+        return None
+    quoted = [t if '"' not in "".join(t) else [x.replace('"', '""') for x in t]
+              for t in texts]     # type: ignore[union-attr]
+    # each cell: '"' + its JSON with quotes doubled + '"' (it always holds a key's quotes)
+    pieces = [p.replace('"', '""') for p in pieces]
+    pieces[0], pieces[-1] = '"' + pieces[0], pieces[-1] + '"'
+    if not varying:
+        return [pieces[0]] * len(values)
+    rows = [repeat(pieces[0])]
+    for column, piece in zip(quoted, pieces[1:]):
+        rows += (column, repeat(piece))
+    return list(map("".join, zip(*rows)))
+
+
+def _skeleton(d: dict[str, Any], slots: dict[tuple, str], path: tuple = ()) -> dict[str, Any]:
+    """d with the leaf at each path of `slots` replaced by its slot text."""
+    out = {}
+    for k, v in d.items():
+        p = path + (k,)
+        out[k] = slots[p] if p in slots else \
+            _skeleton(v, slots, p) if type(v) is dict and v else v
+    return out
+
+
+def _split_at_slots(template: str, n: int) -> list[str] | None:
+    """The template's text around its n slots' JSON (in order), or None when a slot's text
+    is not there exactly once (a constant that holds it: no template)."""
+    pieces = []
+    for i in range(n):
+        slot = '"' + (_SLOT % i).replace("\x00", "\\u0000") + '"'
+        if template.count(slot) != 1:
+            return None
+        before, template = template.split(slot)
+        pieces.append(before)
+    pieces.append(template)
+    return pieces
 
 
 def csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
     """to_csv(load_results(paths)), byte for byte, without building the DataFrame."""
+    return "".join(csv_pieces(paths))
+
+
+def csv_pieces(paths: str | Path | Iterable[str | Path]) -> Iterator[str]:
+    """csv_of_files(paths) as consecutive pieces of text, for writing as they come: the
+    whole text of 100,000 records (122 MB, and its encoding as much again) is never held at
+    once. Every file is read and every cell written before this returns: an error is raised
+    before any text is output."""
     with paused_gc():
-        return _csv_of_files(paths)
+        cells = _cells_of_files(paths)
+        if not isinstance(cells, str):
+            # what was loaded stays alive until the rows are written: the first collection
+            # after the pause would walk all of it (100,000 records: ~0.3 s) for nothing
+            settled(sum(t.n for t in cells[2]))
+    return iter([cells]) if isinstance(cells, str) else _row_pieces(*cells)
 
 
-def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
+_ROWS_PER_PIECE = 1024       # ~1 MB of text a piece: reused memory, not a fresh mapping
+
+
+def _cells_of_files(paths: str | Path | Iterable[str | Path]
+                    ) -> str | tuple[list[str], list[list[Cells | str]], list[FileColumns]]:
+    """The whole text (no or one column), or the column names and each table's cells."""
     tables = [t for t in map(file_columns, as_paths(paths)) if t.n]
     if not tables:
         return to_csv(load_results([]))
     columns = ordered_columns(dict.fromkeys(
         c for t in tables for c in (*t.head, *t.names, *t.env)))
-    parts: list[list[list[str] | str]] = [[] for _ in tables]    # each table's cells
+    parts: list[list[Cells | str]] = [[] for _ in tables]    # each table's cells
     for c in columns:
         segments = [t.columns.get(c, _GAP) for t in tables]
         render = _column_render(segments)
@@ -192,17 +378,24 @@ def _csv_of_files(paths: str | Path | Iterable[str | Path]) -> str:
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows([columns, *zip(cells)])
         return buf.getvalue()
-    out = [",".join(map(quote, columns))]
-    for part, t in zip(parts, tables):
-        out.extend(map(",".join, zip(*_merged(part, t.n))))
-    out.append("")
-    return "\n".join(out)
+    return columns, parts, tables
+
+
+def _row_pieces(columns: list[str], parts: list[list[Cells | str]],
+                tables: list[FileColumns]) -> Iterator[str]:
+    yield ",".join(map(quote, columns)) + "\n"
+    with paused_gc():       # text columns written as the rows go (_text_cells): no GC walks
+        for part, t in zip(parts, tables):
+            rows = zip(*_merged(part, t.n))
+            while block := list(map(",".join, islice(rows, _ROWS_PER_PIECE))):
+                block.append("")
+                yield "\n".join(block)
 
 
 _GAP = Const(None)       # a column a file lacks: empty cells (NaN in the DataFrame)
 
 
-def _merged(part: list[list[str] | str], n: int) -> list[Any]:
+def _merged(part: list[Cells | str], n: int) -> list[Any]:
     """A table's columns for zip: runs of constant cells joined once, repeated n times."""
     out: list[Any] = []
     for cells in part:
@@ -214,6 +407,6 @@ def _merged(part: list[list[str] | str], n: int) -> list[Any]:
 
 
 EXPORTERS = {"csv": to_csv, "markdown": to_markdown}
-# what `fusebench export` runs: files -> text
-FILE_EXPORTERS = {"csv": csv_of_files,
-                  "markdown": lambda paths: to_markdown(load_results(paths))}
+# what `fusebench export` runs: files -> its text, in pieces
+FILE_EXPORTERS = {"csv": csv_pieces,
+                  "markdown": lambda paths: iter([to_markdown(load_results(paths))])}

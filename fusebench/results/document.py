@@ -52,14 +52,16 @@ def _umask() -> int:
     return mask
 
 
-def write_temp(folder: Path, prefix: str, text: str) -> Path:
-    """`text` in a new temp file of `folder`, on disk (fsync), with the permissions a plain
-    open() would give (mkstemp's are 0600: results are meant to be shared)."""
+def write_temp(folder: Path, prefix: str, text: str | Iterable[str]) -> Path:
+    """`text` (or its pieces, in order) in a new temp file of `folder`, on disk (fsync), with
+    the permissions a plain open() would give (mkstemp's are 0600: results are meant to be
+    shared)."""
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            # pieces: a big export never holds its whole text (nor its encoding) at once
+            f.writelines([text] if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
@@ -68,7 +70,7 @@ def write_temp(folder: Path, prefix: str, text: str) -> Path:
     return Path(name)
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     """Temp file in the same folder + fsync + rename: a crash never leaves a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
