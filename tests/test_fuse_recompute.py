@@ -91,11 +91,13 @@ def consumers(y):
             yield n.saved_tensors[0] if n.recipes[0] is None else None, n.recipes[0]
 
 
-def test_activation_bytes_drop_by_the_consumers_inputs():
+def test_activation_bytes_drop_by_the_consumers_inputs(monkeypatch):
     """Exactly: each depthwise conv's and SE's input is spared, the (C,) weight / bias copies
     are added (the BN input and statistics are the BN + act node's own saved storages).
-    Channels-last: every conv is a DwConvCpuFunction node in both runs (NCHW keeps some aten
-    convs when saving)."""
+    Our grad weight at every depthwise conv (3x3 would keep oneDNN's passes, and with nothing
+    to rebuild aten's own conv node), so every conv is a DwConvCpuFunction node in both runs."""
+    from fusebench.fuse.fusions import dwconv as dwconv_fusion
+    monkeypatch.setattr(dwconv_fusion, "passes_for", lambda *a: dwconv_fusion.GRAD_WEIGHT)
     model = make("zoo").to(memory_format=torch.channels_last)
     fuse(model, "train")
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64).contiguous(
@@ -121,7 +123,9 @@ class InPlaceAfterAct(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.bn, self.dw = nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        # 5x5: a conv whose passes are partly ours (3x3 keeps aten's, with no node of ours
+        # when there is nothing to rebuild)
+        self.bn, self.dw = nn.BatchNorm2d(4), nn.Conv2d(4, 4, 5, padding=2, groups=4)
 
     def forward(self, x):
         a = F.silu(self.bn(x))

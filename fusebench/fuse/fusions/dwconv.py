@@ -2,16 +2,20 @@
 whose passes come from kernels.dwconv's C++ kernel where it was measured faster than aten's
 (oneDNN) and from aten elsewhere, chosen per call from the layout and shape (`passes_for`).
 
-Measured by benchmarks/dwconv.py (every depthwise conv of efficientnet_b0/b3, batch 8, 192 px)
-twice, interleaved in one process on the 2-vCPU AMD EPYC (AVX2) VM under load 5-7, 2026-12-01;
-ratios aten time / ours:
-  - grad weight, channels-last: ours 1.1-3x faster at every shape (K 3/5, stride 1/2);
-  - grad weight, NCHW (ours converts to channels-last inside): 5x5 10-90x faster (aten's NCHW
-    5x5 weight grad is pathological here), 3x3 1.1-1.4x at <= 24x24, 0.4-0.9x above;
-  - forward and grad input: oneDNN's are as fast or faster (0.5-1.1x) at stride 1 and at
-    stride 2 from 48x48 up; at stride 2 on <= 24x24 inputs ours is 1.2-2.8x (one 0.6 outlier)
-    in both layouts: both backward passes are ours there (the forward stays aten's, so a
-    fused forward is bit-identical to eager's; ours is kept for the kernel family).
+Measured by benchmarks/dwconv.py (every depthwise conv of efficientnet_b0, batch 8, 160 px)
+on a quiet machine (load ~1: the benchmark itself), 1 and 2 threads, interleaved in one
+process, on the 2-vCPU AMD EPYC (AVX2) VM, 2026-12-01 (fifth session); ratios aten time / ours:
+  - 3x3, every pass, both layouts, both thread counts: oneDNN's is faster (forward 0.26-0.71,
+    grad input 0.32-0.75, grad weight 0.24-0.78; the whole backward 0.27-0.73; aten's grad
+    input + our grad weight 0.36-0.89): aten keeps all of it, with a warning.
+  - 5x5: our grad weight 1.0-1.9x (channels-last) and 1.9-4.4x (NCHW: aten's NCHW 5x5 weight
+    grad is slow here); forward and grad input stay oneDNN's (ours 0.2-0.8x), and ours + theirs
+    beats our whole backward at stride 2 too (1.17-1.32 vs 0.97-1.06 channels-last).
+  An earlier table (fourth session) measured at 2 threads under load 5-7 had ours ahead at 3x3:
+  oneDNN's OpenMP passes slow down more than ours when another process takes a core, so a
+  busy machine favoured ours. Quiet, it does not.
+A 3x3 site still runs as a FusedDepthwiseConv when its input is a fused BN + act's output
+(fuse/recompute.py): aten's passes, but its input is rebuilt in backward instead of saved.
 ConvNeXt's 7x7 keeps aten's forward and our whole backward, as measured before (docs/fused.md).
 Rerun the benchmark on a quiet machine before changing passes_for."""
 from __future__ import annotations
@@ -30,22 +34,18 @@ from fusebench.kernels.dwconv.cpu import Passes
 
 GRAD_WEIGHT = Passes(forward=False, input_grad=False, weight_grad=True)
 ATEN = Passes(False, False, False)
-SMALL_HW = 24 * 24     # input pixels up to which ours pays beyond channels-last grad weight
 
 
 @functools.cache
 def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Passes:
     """The measured rule (module docstring); says once per shape when aten keeps all of it."""
-    small = h * w <= SMALL_HW
     if k == 7:                   # ConvNeXt's: ours 3-5x faster backward (docs/fused.md)
         return cpu.BACKWARD
-    if stride == 2 and small:    # our forward measured faster too, but aten's keeps the
-        return cpu.BACKWARD      # forward bit-identical to eager (tests compare at 1e-10)
-    if channels_last or k != 3 or small:
+    if k == 5:                   # our grad weight 1.0-4.4x oneDNN's (quiet, 1 and 2 threads)
         return GRAD_WEIGHT
-    warnings.warn(f"dwconv: aten's depthwise conv kept for NCHW {k}x{k} stride {stride} at "
-                  f"{h}x{w} (> {SMALL_HW} pixels): measured faster than ours there "
-                  f"(benchmarks/dwconv.py)", stacklevel=2)
+    warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at {h}x{w} "
+                  f"({'channels-last' if channels_last else 'NCHW'}): oneDNN's passes measured "
+                  f"faster than ours (benchmarks/dwconv.py, quiet)", stacklevel=2)
     return ATEN
 
 
