@@ -81,6 +81,12 @@ class ProcessSeries:
         self.started.append(round(time.time(), 3))
         self.records.append(self.launch(per_process(self.spec, self.n, k)))
 
+    def run(self, on_phase: Callable[[str], None]) -> Record:
+        """Every remaining process in a row, then the merged record."""
+        while not self.finished:
+            self.step(on_phase)
+        return self.record()
+
     def record(self) -> Record:
         """The merged record of the processes run so far (all n unless interrupted)."""
         out = merge_processes(self.records, self.n, self.cold_first)
@@ -101,10 +107,7 @@ def run_processes(spec: CellSpec, n: int, launch: Callable[[CellSpec], Record],
                   on_phase: Callable[[str], None], wait_idle: bool = False,
                   wait=None, cold_first: bool = False) -> Record:
     """launch() n times in a row (each a fresh worker process) and merge."""
-    series = ProcessSeries(spec, n, launch, wait_idle, wait, cold_first)
-    while not series.finished:
-        series.step(on_phase)
-    return series.record()
+    return ProcessSeries(spec, n, launch, wait_idle, wait, cold_first).run(on_phase)
 
 
 def _wait(on_phase, wait=None) -> dict[str, Any]:

@@ -225,9 +225,7 @@ def measure_cell(spec: CellSpec, opts: RunOptions, on_phase: Callable[[str], Non
     """One cell by opts.repeat processes in a row."""
     cell = _Cell(spec, opts, on_phase)
     try:
-        while not cell.series.finished:
-            cell.series.step(on_phase)
-        return cell.series.record()
+        return cell.series.run(on_phase)
     finally:
         cell.close()
 
