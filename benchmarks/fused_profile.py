@@ -2,16 +2,21 @@
 
     python benchmarks/fused_profile.py             # efficientnet_b0, channels-last, b8, 160 px
     python benchmarks/fused_profile.py --model convnext_atto --nchw --top 20 --threads 1
+    python benchmarks/fused_profile.py --by-kernel    # split the fused Functions by C++ call
 
 One process builds the model twice from the same seed (eager, and rewritten by `fuse(model,
 "train")`), warms both up, then profiles `--steps` train steps of each (zero_grad, forward,
 cross-entropy, backward), alternating eager and fused step by step so load that comes and goes
 hits both alike. Prints the top ops by self CPU time of each mode side by side: ms per step and
 share of the step's total self time (the shares are what to read on a busy machine), then the
-profiled step totals and the 1-minute load average."""
+profiled step totals and the 1-minute load average. With --by-kernel every call into a bundled
+C++ extension runs under a record_function named after it (`bn_act.backward`, `bn_act.apply`,
+`dwconv.backward_weight`...), so the fused Functions' self time is split by kernel: what is
+left under `MultiOpFunction*` is then their Python glue and the aten ops they call."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -29,6 +34,35 @@ def build(name: str, channels_last: bool, fused: bool) -> nn.Module:
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return fuse(model, "train", "cpu").model if fused else model
+
+
+KERNEL_MODULES = ("act", "bn_act", "dwconv", "ln2d")   # the C++ families the fuser calls
+
+
+class _Labelled:
+    """A C++ extension whose every call runs inside record_function("<family>.<fn>"): the
+    profile then splits the fused Functions' self time by kernel entry point."""
+
+    def __init__(self, family: str, ext):
+        self._family, self._ext = family, ext
+
+    def __getattr__(self, fn: str):
+        impl, label = getattr(self._ext, fn), f"{self._family}.{fn}"
+
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return impl(*args, **kwargs)
+        return call
+
+
+def label_kernels() -> None:
+    """--by-kernel: route each bundled C++ family's `extension()` through _Labelled."""
+    for family in KERNEL_MODULES:
+        mod = importlib.import_module(f"fusebench.kernels.{family}.cpu")
+        if not mod.available("cpu")[0]:
+            continue                     # the fuser falls back without it: nothing to label
+        labelled = _Labelled(family, mod.extension())
+        mod.extension = lambda labelled=labelled: labelled
 
 
 def step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> None:
@@ -87,7 +121,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--by-kernel", action="store_true",
+                    help="label each C++ kernel call (bn_act.backward, dwconv.backward_weight...)")
     args = ap.parse_args(argv)
+    if args.by_kernel:
+        label_kernels()
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     times = profile_both(args)
