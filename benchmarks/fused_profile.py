@@ -19,18 +19,24 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 from fusebench.fuse import fuse
-from fusebench.models import create_model
+from fusebench.models.source import resolve_model
 
 
 def build(name: str, channels_last: bool, fused: bool) -> nn.Module:
+    # the names fused_mode.py measures (convnext_official: the test asset at convnext_atto's
+    # size), else any zoo name or path/to/file.py:factory
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fused_mode import MODELS
+    ref, kwargs = MODELS.get(name, (name, {}))
     torch.manual_seed(0)
-    model = create_model(name).train()
+    model = resolve_model(ref).build(**kwargs).train()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return fuse(model, "train", "cpu").model if fused else model

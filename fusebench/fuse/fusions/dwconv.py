@@ -16,7 +16,12 @@ process, on the 2-vCPU AMD EPYC (AVX2) VM, 2026-12-01 (fifth session); ratios at
   busy machine favoured ours. Quiet, it does not.
 A 3x3 site still runs as a FusedDepthwiseConv when its input is a fused BN + act's output
 (fuse/recompute.py): aten's passes, but its input is rebuilt in backward instead of saved.
-ConvNeXt's 7x7 keeps aten's forward and our whole backward, as measured before (docs/fused.md).
+  - 7x7 (ConvNeXt's; convnext_atto's four shapes, 8x40x40x40 .. 8x320x5x5, sixth session, same
+    machine, quiet): our grad weight 0.9-1.5x channels-last at 40..160 channels, 8.5-9.6x at
+    320@5x5, 2.9-4.0x NCHW; our grad input 0.34-0.57x, so our whole backward (what 7x7 ran until
+    then) lost to oneDNN's in channels-last (0.63-0.85x), the layout ConvNeXt's residual stream
+    has. Aten's grad input + our grad weight: 0.92-1.15x channels-last at 40..160, 5.0x at 320,
+    2.4-3.3x NCHW.
 Rerun the benchmark on a quiet machine before changing passes_for."""
 from __future__ import annotations
 
@@ -39,9 +44,7 @@ ATEN = Passes(False, False, False)
 @functools.cache
 def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Passes:
     """The measured rule (module docstring); says once per shape when aten keeps all of it."""
-    if k == 7:                   # ConvNeXt's: ours 3-5x faster backward (docs/fused.md)
-        return cpu.BACKWARD
-    if k == 5:                   # our grad weight 1.0-4.4x oneDNN's (quiet, 1 and 2 threads)
+    if k in (5, 7):              # our grad weight 0.9-9.6x oneDNN's (quiet, 1 and 2 threads)
         return GRAD_WEIGHT
     warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at {h}x{w} "
                   f"({'channels-last' if channels_last else 'NCHW'}): oneDNN's passes measured "

@@ -23,8 +23,11 @@ from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 
 def _linear_bwd(dy, g, w, has_bias):
+    # dy arrives as the permuted view of an NCHW-strided grad in ConvNeXt (the residual's):
+    # `dy @ w` on that ran a batched bmm; one reshape (a copy only where needed) and mm instead
     dy2, g2 = dy.reshape(-1, dy.shape[-1]), g.reshape(-1, g.shape[-1])
-    return dy @ w, dy2.t() @ g2, dy2.sum(0) if has_bias else None
+    return (dy2 @ w).view(*dy.shape[:-1], w.shape[1]), dy2.t() @ g2, \
+        dy2.sum(0) if has_bias else None
 
 
 def _linear_into(res, g, w, b):
@@ -44,21 +47,28 @@ class BiasAct:
     def __init__(self, act: Pure, bias_gelu: Pure | None, approximate: str, cdim: int):
         self.act, self.bias_gelu, self.approx, self.cdim = act, bias_gelu, approximate, cdim
 
-    def _nchw(self, h):         # a free (M, C, 1, 1) view of (..., C): bias_gelu's layout
-        return h.reshape(-1, h.shape[-1], 1, 1) if self.cdim == -1 else h
+    def _nchw(self, h):
+        """bias_gelu's (N, C, H, W) operand. A linear's (..., C) goes in as the free view
+        (1, C, 1, M): channels-last strides, so the C++ kernel's row path runs on it (the
+        (M, C, 1, 1) view this was before counts as NCHW, so the layout pick sent it to aten's
+        add + gelu: an extra pass, 1.05-2.3x slower at ConvNeXt's widths, docs/fused.md)."""
+        return h.reshape(-1, h.shape[-1]).t()[None, :, None, :] if self.cdim == -1 else h
+
+    def _back(self, y, h):      # _nchw's inverse for the kernel's output
+        return y[0, :, 0, :].t().reshape(h.shape) if self.cdim == -1 else y
 
     def _bc(self, b, h):
         return b if self.cdim == -1 else b[:, None, None]
 
     def fwd(self, h0, b1):
         if b1 is not None and self.bias_gelu is not None:
-            return self.bias_gelu.fwd(self._nchw(h0), b1, self.approx).reshape(h0.shape)
+            return self._back(self.bias_gelu.fwd(self._nchw(h0), b1, self.approx), h0)
         return self.act.fwd(h0 if b1 is None else h0 + self._bc(b1, h0))
 
     def bwd(self, dg, h0, b1):
         if b1 is not None and self.bias_gelu is not None:
             dh, db = self.bias_gelu.bwd(self._nchw(dg), self._nchw(h0), b1, self.approx)
-            return dh.reshape(h0.shape), db
+            return self._back(dh, h0), db
         dh = self.act.bwd(dg, h0 if b1 is None else h0 + self._bc(b1, h0))
         other = [d for d in range(dh.dim()) if d != self.cdim % dh.dim()]
         return dh, (dh.sum(other) if b1 is not None else None)
