@@ -1,8 +1,9 @@
 """Recompute-instead-of-save (fuse/recompute.py) and bn_train on EfficientNet train: activation
 bytes of eager, `before` (fused without bn_train and with recompute off: the fused mode before
-this change), `save` (fused with recompute off) and fused (load-independent: unique saved storages, parameters left out, as the
-worker counts them), then an interleaved whole-step A/B in one process (medians of `--rounds`
-rounds of eager, before, save, fused).
+this change), `save` (fused with recompute off), `se_save` / `dw_save` (fused with only the SE's /
+only the depthwise conv's input saved, the other rebuilt) and fused (load-independent: unique
+saved storages, parameters left out, as the worker counts them), then an interleaved
+whole-step A/B in one process (medians of `--rounds` rounds of each).
 
   python benchmarks/mbconv_recompute.py [--model efficientnet_b0] [--cl] [--batch 8]
       [--size 160] [--threads 2] [--rounds 6] [--bytes-only]"""
@@ -27,7 +28,7 @@ def _variants(name: str, mf) -> dict:
     base = create_model(name)
     out = {}
     names = [*ORDER, *graph_order()]
-    for key in ("eager", "before", "save", "fused"):
+    for key in VARIANTS:
         m = copy.deepcopy(base).to(memory_format=mf).train()
         if key != "eager":
             fuse(m, "train", "cpu", only=[n for n in names if key != "before" or n != "bn_train"])
@@ -35,8 +36,13 @@ def _variants(name: str, mf) -> dict:
     return out
 
 
+VARIANTS = ("eager", "before", "save", "se_save", "dw_save", "fused")
+SAVES = {"before": recompute.ALL, "save": recompute.ALL, "se_save": "se_gate",
+         "dw_save": "dwconv"}       # variant -> the consumers that save their input
+
+
 def _ctx(key: str):
-    return recompute.disabled() if key in ("before", "save") else contextlib.nullcontext()
+    return recompute.disabled((SAVES[key],)) if key in SAVES else contextlib.nullcontext()
 
 
 def _step(m, x, t):
@@ -73,7 +79,9 @@ def main() -> None:
           + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in sizes.items())
           + f"; fused/eager {sizes['fused'] / sizes['eager']:.3f}, "
             f"before/eager {sizes['before'] / sizes['eager']:.3f}, "
-            f"save/eager {sizes['save'] / sizes['eager']:.3f}")
+            f"save/eager {sizes['save'] / sizes['eager']:.3f}, "
+            f"se_save/eager {sizes['se_save'] / sizes['eager']:.3f}, "
+            f"dw_save/eager {sizes['dw_save'] / sizes['eager']:.3f}")
     if a.bytes_only:
         return
     ts: dict[str, list[float]] = {k: [] for k in ms}
@@ -91,6 +99,8 @@ def main() -> None:
           + f"  | eager/fused {med['eager'] / med['fused']:.3f}x, "
             f"before/fused {med['before'] / med['fused']:.3f}x, "
             f"save/fused {med['save'] / med['fused']:.3f}x, "
+            f"se_save/fused {med['se_save'] / med['fused']:.3f}x, "
+            f"dw_save/fused {med['dw_save'] / med['fused']:.3f}x, "
             f"eager/before {med['eager'] / med['before']:.3f}x")
 
 

@@ -118,6 +118,33 @@ def test_activation_bytes_drop_by_the_consumers_inputs(monkeypatch):
     assert delta > 0 and sizes["save"] - sizes["recompute"] == delta
 
 
+@pytest.mark.parametrize("off", ["se_gate", "dwconv"])
+def test_one_consumer_can_save_its_input_while_the_other_rebuilds(off, monkeypatch):
+    """recompute.disabled((consumer,)): that consumer saves its input, the other still carries
+    the recipe; gradients unchanged (the A/B variants of benchmarks/mbconv_recompute.py)."""
+    from fusebench.fuse.fusions import dwconv as dwconv_fusion
+    monkeypatch.setattr(dwconv_fusion, "passes_for", lambda *a: dwconv_fusion.GRAD_WEIGHT)
+    model = make("zoo").to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last)
+    with recompute.disabled((off,)):
+        y = model(x)
+    saves = {}                  # consumer -> {whether each of its nodes saved its input}
+    for n in autograd_nodes(y):
+        if type(n).__name__ == "DwConvCpuFunctionBackward":
+            saves.setdefault("dwconv", set()).add(n.recompute is None)
+        elif type(n).__name__ == "MultiOpFunctionBackward" and n.kernel.name.startswith("se"):
+            saves.setdefault("se_gate", set()).add(n.recipes[0] is None)
+    other = ({"se_gate", "dwconv"} - {off}).pop()
+    assert saves == {off: {True}, other: {False}}, saves
+    y.sum().backward()
+    ref(x).sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
 class InPlaceAfterAct(nn.Module):
     """BN -> SiLU, its output changed in place, then a depthwise conv: the recipe is stale."""
 

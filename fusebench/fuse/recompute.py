@@ -14,18 +14,20 @@ from dataclasses import dataclass
 import torch
 
 ATTR = "_fusebench_recompute"
-_state = {"on": True}
+ALL = "*"
+_state: dict[str, frozenset] = {"off": frozenset()}   # consumers that save their input instead
 
 
 @contextlib.contextmanager
-def disabled():
-    """Producers tag nothing inside (consumers save their inputs): the A/B baseline of
-    benchmarks/mbconv_recompute.py."""
-    old, _state["on"] = _state["on"], False
+def disabled(consumers: tuple[str, ...] = (ALL,)):
+    """Inside, the named consumers ("se_gate", "dwconv") save their inputs as usual; with the
+    default, producers tag nothing at all. The A/B baselines of benchmarks/mbconv_recompute.py."""
+    old = _state["off"]
+    _state["off"] = old | frozenset(consumers)
     try:
         yield
     finally:
-        _state["on"] = old
+        _state["off"] = old
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,19 +45,22 @@ class Recompute:
 
 def tag(y: torch.Tensor, name: str, tensors, rebuild: Callable) -> torch.Tensor:
     """Attach the recipe to y (only where autograd will need it); returns y."""
-    if _state["on"] and y.requires_grad and torch.is_grad_enabled():
+    if ALL not in _state["off"] and y.requires_grad and torch.is_grad_enabled():
         setattr(y, ATTR, Recompute(name, tuple(t.detach() for t in tensors), rebuild,
                                    y._version))
     return y
 
 
-def recipe_of(x: torch.Tensor) -> Recompute | None:
-    """x's recipe, or None (untagged, or changed in place since it was tagged)."""
+def recipe_of(x: torch.Tensor, consumer: str) -> Recompute | None:
+    """x's recipe, or None (untagged, changed in place since it was tagged, or `consumer`
+    told to save its input: `disabled`)."""
+    if consumer in _state["off"]:
+        return None
     r = getattr(x, ATTR, None)       # (inside an autograd.Function's forward grad is off)
     return r if r is not None and r.version == x._version else None
 
 
-def saved(x: torch.Tensor):
-    """What a consumer saves for x: its recipe where it has one, else x."""
-    r = recipe_of(x)
+def saved(x: torch.Tensor, consumer: str):
+    """What `consumer` saves for x: its recipe where it has one, else x."""
+    r = recipe_of(x, consumer)
     return x if r is None else r

@@ -73,7 +73,7 @@ class FusedDepthwiseConv(FusedModule):
             passes = ATEN
         else:
             passes = passes_for(cpu.is_channels_last(x), k, self.stride, *x.shape[2:])
-        recipe = recipe_of(x) if x.device.type == "cpu" else None
+        recipe = recipe_of(x, "dwconv") if x.device.type == "cpu" else None
         if not passes.any() and recipe is None:
             return F.conv2d(x, self.weight, self.bias, self.stride, k // 2, 1, self.in_channels)
         # an input a fused BN + act tagged (fuse/recompute.py): saved as that BN's input and

@@ -27,7 +27,7 @@ def se_kernel(gate: Pure, act: Pure) -> MultiOpKernel:
         r = s @ wr.reshape(wr.shape[0], -1).t() + br              # (N, R)
         e = act.fwd(r) @ we.reshape(we.shape[0], -1).t() + be     # (N, C) gate logits
         # x: rebuilt in backward where a fused BN + act produced it (fuse/recompute.py)
-        return gate.fwd(x, e[:, :, None, None]), (recompute.saved(x), s, r, e)
+        return gate.fwd(x, e[:, :, None, None]), (recompute.saved(x, "se_gate"), s, r, e)
 
     def bwd(dy, saved, groups):
         x, s, r, e = saved

@@ -23,7 +23,8 @@ def se_gate_kernel(gate: Pure, silu: Pure) -> MultiOpKernel:
         s = x.mean((2, 3), keepdim=True)                    # (N, C, 1, 1)
         r = F.conv2d(s, wr, br)                             # (N, R, 1, 1)
         e = F.conv2d(silu.fwd(r), we, be)                   # (N, C, 1, 1) gate logits
-        return gate.fwd(x, e), (recompute.saved(x), s, r, e)   # x: rebuilt if a BN + act's
+        # x: rebuilt in backward where a fused BN + act produced it
+        return gate.fwd(x, e), (recompute.saved(x, "se_gate"), s, r, e)
 
     def bwd(dy, saved, groups):
         x, s, r, e = saved
