@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 from fusebench.fuse import fuse
+from fusebench.measure.memory import pin_malloc
 from fusebench.models.source import resolve_model
 
 
@@ -132,6 +133,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.by_kernel:
         label_kernels()
+    pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     times = profile_both(args)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebench.fuse import ORDER, fuse, graph_order, recompute
-from fusebench.measure.memory import SavedTensorBytes
+from fusebench.measure.memory import SavedTensorBytes, pin_malloc
 from fusebench.models import create_model
 
 
@@ -68,6 +68,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--bytes-only", action="store_true")
     a = p.parse_args()
+    # glibc's malloc thresholds fixed as a model cell fixes them (measure/memory.py): with the
+    # defaults, six models' steps in one process moved each other's heap and page faults
+    # (the rebuild variants read 1-10% apart run to run, in no stable order)
+    pin_malloc()
     torch.set_num_threads(a.threads)
     mf = torch.channels_last if a.cl else torch.contiguous_format
     x = torch.randn(a.batch, 3, a.size, a.size).to(memory_format=mf)
