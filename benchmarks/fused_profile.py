@@ -29,13 +29,13 @@ from fusebench.fuse import fuse
 from fusebench.measure.memory import pin_malloc
 from fusebench.models.source import resolve_model
 
+sys.path.insert(0, str(Path(__file__).parent))
+# the names fused_mode.py measures (convnext_official: the test asset at convnext_atto's size)
+from fused_mode import MODELS  # noqa: E402
+
 
 def build(name: str, channels_last: bool, fused: bool) -> nn.Module:
-    # the names fused_mode.py measures (convnext_official: the test asset at convnext_atto's
-    # size), else any zoo name or path/to/file.py:factory
-    sys.path.insert(0, str(Path(__file__).parent))
-    from fused_mode import MODELS
-    ref, kwargs = MODELS.get(name, (name, {}))
+    ref, kwargs = MODELS.get(name, (name, {}))     # else any zoo name or file.py:factory
     torch.manual_seed(0)
     model = resolve_model(ref).build(**kwargs).train()
     if channels_last:

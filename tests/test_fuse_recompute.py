@@ -83,12 +83,12 @@ def test_consumers_rebuild_their_input_and_grads_match(name, impl, channels_last
 
 
 def consumers(y):
-    """(node, its saved input or None, its recipe or None) of every depthwise conv and SE."""
+    """(consumer, its saved input or None, its recipe or None) of every depthwise conv and SE."""
     for n in autograd_nodes(y):
         if type(n).__name__ == "DwConvCpuFunctionBackward":
-            yield n.saved_tensors[1] if n.recompute is None else None, n.recompute
+            yield "dwconv", n.saved_tensors[1] if n.recompute is None else None, n.recompute
         elif type(n).__name__ == "MultiOpFunctionBackward" and n.kernel.name.startswith("se"):
-            yield n.saved_tensors[0] if n.recipes[0] is None else None, n.recipes[0]
+            yield "se_gate", n.saved_tensors[0] if n.recipes[0] is None else None, n.recipes[0]
 
 
 def test_activation_bytes_drop_by_the_consumers_inputs(monkeypatch):
@@ -108,7 +108,7 @@ def test_activation_bytes_drop_by_the_consumers_inputs(monkeypatch):
         with (recompute.disabled() if key == "save" else torch.enable_grad()), counter.track():
             y = model(x)
         sizes[key] = counter.bytes
-        for kept, recipe in consumers(y):
+        for _, kept, recipe in consumers(y):
             assert (recipe is None) == (key == "save")
             if key == "save":
                 delta += kept.untyped_storage().nbytes()
@@ -132,11 +132,8 @@ def test_one_consumer_can_save_its_input_while_the_other_rebuilds(off, monkeypat
     with recompute.disabled((off,)):
         y = model(x)
     saves = {}                  # consumer -> {whether each of its nodes saved its input}
-    for n in autograd_nodes(y):
-        if type(n).__name__ == "DwConvCpuFunctionBackward":
-            saves.setdefault("dwconv", set()).add(n.recompute is None)
-        elif type(n).__name__ == "MultiOpFunctionBackward" and n.kernel.name.startswith("se"):
-            saves.setdefault("se_gate", set()).add(n.recipes[0] is None)
+    for kind, _, recipe in consumers(y):
+        saves.setdefault(kind, set()).add(recipe is None)
     other = ({"se_gate", "dwconv"} - {off}).pop()
     assert saves == {off: {True}, other: {False}}, saves
     y.sum().backward()

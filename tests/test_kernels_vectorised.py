@@ -16,10 +16,10 @@ def _avx2_glibc() -> bool:
     if platform.machine() != "x86_64" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        return " avx2 " in Path("/proc/cpuinfo").read_text() and " fma " in \
-            Path("/proc/cpuinfo").read_text()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
+    return " avx2 " in flags and " fma " in flags
 
 
 pytestmark = pytest.mark.skipif(not _avx2_glibc(), reason="libmvec's AVX2 variants need "

@@ -37,7 +37,6 @@ class Passes:
 
 
 ALL = Passes(True, True, True)
-BACKWARD = Passes(False, True, True)   # aten's forward, our backward (the first version's split)
 
 
 def supports(conv: nn.Conv2d) -> str:
