@@ -1,0 +1,227 @@
+"""How fast could fused mode be, with its fusion boundaries as they are? A roofline bound per step.
+
+    python benchmarks/fused_bound.py                        # efficientnet_b0, channels-last, b8 160 px
+    python benchmarks/fused_bound.py --model efficientnet_b3 --nchw --threads 1
+    python benchmarks/fused_bound.py --model convnext_official --json bound.json
+
+Issue 15.2 asks for fused >= 1.3x eager, or the profile that shows why not. One process builds
+the model eager and fused (same seed), warms both, then times `--steps` whole train steps of
+each, alternating step by step, without a profiler (perf_counter). In the fused steps every call
+into a bundled C++ kernel (bn_act, act, dwconv, ln2d) is timed on its own and its bytes counted:
+the storages of its tensor arguments and outputs, each once (what the call must at least read
+or write: an optimistic traffic count, since a BN's statistics pass reads x before its write
+pass reads it again). Afterwards a fresh copy (the faster of a plain and a huge-page-hinted
+clone, as `fusebench kernel`'s "% of copy") is timed at each call's size: the kernel family's
+roofline on this machine.
+
+Printed per kernel family: ms per step, MB moved, GB/s, % of copy. Then three bounds:
+  - measured:  eager / fused, as timed here;
+  - roofline:  eager / (fused - our kernels' time + their bytes at copy speed), i.e. every bundled
+               kernel at the speed of a copy of its own bytes, everything else as it is;
+  - aten only: eager / (the fused step's share of aten convolutions and GEMMs, from one profiled
+               fused step), i.e. everything but the convs/GEMMs fused mode leaves to aten free.
+If the roofline bound is below a target, no faster kernel reaches it without moving the fusion
+boundary (fewer passes over memory, or replacing aten's convolutions); if the aten-only bound is
+below it, nothing short of faster convolutions does. Read it on a quiet machine: the load
+average at start and end is printed, and the VM's speed drifts (alternating steps is for that).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fusebench.measure.memory import pin_malloc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_profile import KERNEL_MODULES, build, step  # noqa: E402
+
+# self-CPU op names of the work fused mode leaves to aten: convolutions (oneDNN and THNN) and GEMMs
+ATEN_HEAVY = ("convolution", "conv2d", "conv_depthwise", "mkldnn_conv", "aten::mm", "aten::addmm",
+              "aten::bmm", "aten::baddbmm", "aten::linear")
+
+
+def _storages(obj, seen: dict[int, int]) -> None:
+    """Each distinct CPU tensor in obj (a tensor, or a tuple/list of them) once, keyed by its
+    data pointer: bytes of the elements it covers."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and obj.numel():
+            p = obj.data_ptr()
+            seen[p] = max(seen.get(p, 0), obj.numel() * obj.element_size())
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _storages(o, seen)
+
+
+@dataclass
+class CallLog:
+    """Per kernel label: seconds and bytes over all calls; per call size (its largest tensor's
+    bytes): how many calls, how many bytes. Filled only while `on` (the timed fused steps)."""
+    on: bool = False
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    nbytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    by_size: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class _Timed:
+    """A C++ extension whose calls are timed and their bytes counted into a CallLog."""
+
+    def __init__(self, family: str, ext, log: CallLog):
+        self._family, self._ext, self._log = family, ext, log
+
+    def __getattr__(self, fn: str):
+        impl, label, log = getattr(self._ext, fn), f"{self._family}.{fn}", self._log
+
+        def call(*args, **kwargs):
+            if not log.on:
+                return impl(*args, **kwargs)
+            f0, t0 = _minflt(), time.perf_counter()
+            out = impl(*args, **kwargs)
+            log.seconds[label] += time.perf_counter() - t0
+            log.faults[label] += _minflt() - f0
+            seen: dict[int, int] = {}
+            _storages((args, tuple(kwargs.values()), out), seen)
+            log.nbytes[label] += sum(seen.values())
+            log.by_size[(label, max(seen.values(), default=0))] += sum(seen.values())
+            return out
+        return call
+
+
+def _minflt() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_kernels(log: CallLog) -> None:
+    """Route each bundled C++ family's `extension()` through _Timed (for this process)."""
+    for family in KERNEL_MODULES:
+        mod = importlib.import_module(f"fusebench.kernels.{family}.cpu")
+        if not mod.available("cpu")[0]:
+            continue
+        timed = _Timed(family, mod.extension(), log)
+        mod.extension = lambda timed=timed: timed
+
+
+def copy_seconds_per_byte(size: int, reps: int = 5) -> float:
+    """Seconds per byte (read plus write) of the fastest copy of a float32 tensor of `size`
+    bytes this machine makes: a plain clone, a huge-page-hinted clone, or a copy into memory
+    it already holds (no page faults). The optimistic roofline: a bound, not a target."""
+    from fusebench.cell.kernel_cell import copy_gbps
+    r = copy_gbps(torch.randn(max(1, size // 4)), reps, "cpu")
+    return 1.0 / (max(r["copy_gbps"], r["copy_prealloc_gbps"]) * 1e9)
+
+
+def aten_heavy_share(model, x, target) -> float:
+    """Share of one profiled step's self CPU time spent in aten convolutions and GEMMs."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(model, x, target)
+    times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    heavy = sum(v for k, v in times.items() if any(h in k for h in ATEN_HEAVY))
+    return heavy / max(1e-9, sum(times.values()))
+
+
+def measure(args) -> dict:
+    log = CallLog()
+    time_kernels(log)
+    mf = torch.contiguous_format if args.nchw else torch.channels_last
+    x = torch.randn(args.batch, 3, args.img, args.img).contiguous(memory_format=mf)
+    target = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
+    models = {"eager": build(args.model, not args.nchw, False),
+              "fused": build(args.model, not args.nchw, True)}
+    for _ in range(args.warmup):
+        for m in models.values():
+            step(m, x, target)
+    wall: dict[str, list[float]] = {k: [] for k in models}
+    faults: dict[str, list[int]] = {k: [] for k in models}
+    for _ in range(args.steps):
+        for name, m in models.items():
+            log.on = name == "fused"
+            f0, t0 = _minflt(), time.perf_counter()
+            step(m, x, target)
+            wall[name].append(time.perf_counter() - t0)
+            faults[name].append(_minflt() - f0)
+            log.on = False
+    share = aten_heavy_share(models["fused"], x, target)
+    r = summarise(log, wall, share, args.steps)
+    r["faults_per_step"] = {k: statistics.median(v) for k, v in faults.items()}
+    return r
+
+
+def summarise(log: CallLog, wall: dict[str, list[float]], share: float, steps: int) -> dict:
+    spb = {size: copy_seconds_per_byte(size) for size in {s for _, s in log.by_size}}
+    roof: dict[str, float] = defaultdict(float)          # label -> copy-speed seconds, all steps
+    for (label, size), nbytes in log.by_size.items():
+        roof[label] += nbytes * spb[size]
+    fams = {}
+    for label in sorted(log.seconds, key=lambda k: -log.seconds[k]):
+        s, b = log.seconds[label] / steps, log.nbytes[label] / steps
+        fams[label] = {"ms": 1e3 * s, "mb": b / 1e6, "gbps": b / s / 1e9,
+                       "pct_of_copy": 100.0 * roof[label] / log.seconds[label],
+                       "faults": log.faults[label] / steps}
+    eager, fused = (statistics.median(wall[k]) for k in ("eager", "fused"))
+    ours, ours_roof = sum(log.seconds.values()) / steps, sum(roof.values()) / steps
+    return {"eager_ms": 1e3 * eager, "fused_ms": 1e3 * fused, "kernels": fams,
+            "kernels_ms": 1e3 * ours, "kernels_roofline_ms": 1e3 * ours_roof,
+            "aten_heavy_share": share,
+            "bound": {"measured": eager / fused,
+                      "roofline": eager / (fused - ours + ours_roof),
+                      "aten_only": eager / (share * fused)}}
+
+
+def report(r: dict, head: str) -> None:
+    print(head)
+    print(f"  step ms: eager {r['eager_ms']:.1f}, fused {r['fused_ms']:.1f}; bundled kernels "
+          f"{r['kernels_ms']:.1f} ms of the fused step ({r['kernels_roofline_ms']:.1f} at copy "
+          f"speed); aten convs + GEMMs {100 * r['aten_heavy_share']:.0f}% of it; minor page faults "
+          f"per step: eager {r['faults_per_step']['eager']:.0f}, fused "
+          f"{r['faults_per_step']['fused']:.0f}")
+    print(f"  {'kernel':28s} {'ms/step':>8} {'MB/step':>8} {'GB/s':>6} {'% copy':>7} {'faults':>7}")
+    for label, k in r["kernels"].items():
+        print(f"  {label:28s} {k['ms']:8.1f} {k['mb']:8.1f} {k['gbps']:6.1f} "
+              f"{k['pct_of_copy']:6.0f}% {k['faults']:7.0f}")
+    b = r["bound"]
+    print(f"  fused / eager: measured {b['measured']:.2f}x, roofline bound {b['roofline']:.2f}x"
+          f" (our kernels at copy speed), aten-only bound {b['aten_only']:.2f}x (all but aten's"
+          f" convs/GEMMs free)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="efficientnet_b0",
+                    help="a fused_mode.py name (convnext_official...), a zoo name or file.py:fn")
+    ap.add_argument("--nchw", action="store_true", help="NCHW input (default channels-last)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--img", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
+    torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]
+    r = measure(args)
+    r.update(model=args.model, layout="nchw" if args.nchw else "channels_last",
+             batch=args.batch, img=args.img, threads=args.threads, steps=args.steps,
+             load=[load0, os.getloadavg()[0]])
+    report(r, f"{args.model}, train, float32, {r['layout']}, batch {args.batch}, {args.img} px, "
+              f"threads {args.threads}, medians of {args.steps} steps per mode (alternating); "
+              f"load {r['load'][0]:.2f} at start, {r['load'][1]:.2f} at end")
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""benchmarks/fused_bound.py: a timed kernel call counts each storage it reads or writes once,
+and the bounds follow from the step times, the kernels' time and their copy-speed time."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusebench.kernels.bn_act import cpu as bn_act_cpu
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_bound.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("fused_bound_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_timed_call_counts_each_storage_once():
+    ok, reason = bn_act_cpu.build()
+    if not ok:
+        pytest.skip(reason)
+    bench = _bench()
+    log = bench.CallLog(on=True)
+    ext = bench._Timed("bn_act", bn_act_cpu.extension(), log)
+    x = torch.randn(2, 4, 5, 5)
+    w, b = torch.rand(4) + 0.5, torch.randn(4)
+    y, mean, invstd = ext.forward(x, w, b, None, None, 0.1, 1e-5, 0)
+    # read x, w, b; wrote y, mean, invstd: floats of 2*4*5*5 + 2*4*5*5 + 4 * 4
+    assert log.nbytes["bn_act.forward"] == 4 * (2 * 200 + 4 * 4)
+    assert log.by_size[("bn_act.forward", 4 * 200)] == log.nbytes["bn_act.forward"]
+    assert log.seconds["bn_act.forward"] > 0
+    ext.apply(x, w, b, mean, invstd, 0)
+    ext.apply(x, w, b, mean, invstd, 0)
+    assert log.nbytes["bn_act.apply"] == 2 * 4 * (2 * 200 + 4 * 4)
+    log.on = False                                   # the eager steps: nothing is counted
+    ext.apply(x, w, b, mean, invstd, 0)
+    assert log.nbytes["bn_act.apply"] == 2 * 4 * (2 * 200 + 4 * 4)
+
+
+def test_bounds_follow_from_the_times(monkeypatch):
+    bench = _bench()
+    monkeypatch.setattr(bench, "copy_seconds_per_byte", lambda size: 1e-10)   # 10 GB/s
+    log = bench.CallLog()
+    log.seconds["k.f"], log.nbytes["k.f"], log.by_size[("k.f", 10**8)] = 0.4, 2 * 10**9, 2 * 10**9
+    r = bench.summarise(log, {"eager": [1.0, 1.0], "fused": [0.8, 0.8]}, share=0.5, steps=2)
+    assert r["bound"]["measured"] == pytest.approx(1.25)
+    # per step: kernels 0.2 s -> 0.1 s at copy speed; fused 0.8 -> 0.7
+    assert r["bound"]["roofline"] == pytest.approx(1.0 / 0.7)
+    assert r["bound"]["aten_only"] == pytest.approx(1.0 / 0.4)
+    assert r["kernels"]["k.f"]["pct_of_copy"] == pytest.approx(50.0)
+    assert r["kernels"]["k.f"]["gbps"] == pytest.approx(5.0)

@@ -1,0 +1,55 @@
+"""cpu_math.h's inline exp_nonpos and float sigmoid (what every SiLU loop and GELU's derivative
+run, issue 15.2) against float64 over the whole float range that matters: where sigmoid
+saturates (|x| > 17), where exp underflows (x < -87) and is clamped (x < -100), and at the
+special values, which must come out as aten's do: NaN stays NaN, silu(+inf) is +inf."""
+import math
+
+import pytest
+import torch
+
+from fusebench.kernels.act import cpu as act_cpu
+
+
+@pytest.fixture(scope="module")
+def ext():
+    ok, reason = act_cpu.build()
+    if not ok:
+        pytest.skip(reason)
+    return act_cpu.extension()
+
+
+def _grid() -> torch.Tensor:
+    dense = torch.linspace(-30, 30, 60_001)                  # every 0.001: the polynomial's range
+    wide = torch.linspace(-200, 200, 4_001)                   # saturation, underflow, the clamp
+    tiny = torch.tensor([1e-30, -1e-30, 1e-40, -1e-40, 0.0, -0.0])   # subnormals and zeros
+    return torch.cat([dense, wide, tiny]).reshape(1, 1, 1, -1)
+
+
+def test_silu_matches_float64_to_float_rounding(ext):
+    x = _grid()
+    ref = torch.nn.functional.silu(x.double())
+    # 3 ulp relative; absolute, 88 * 1.2e-38: exp_nonpos flushes results under 2^-126 to 0
+    # (documented), and silu multiplies that by x (-88 < x < -87)
+    torch.testing.assert_close(ext.silu_forward(x).double(), ref, rtol=3.6e-7, atol=1.1e-36)
+
+
+def test_silu_backward_matches_float64(ext):
+    x = _grid()
+    dy = torch.ones_like(x)
+    xd = x.double()
+    s = torch.sigmoid(xd)
+    ref = s * (1 + xd * (1 - s))
+    # silu' = s (1 + x (1 - s)) has a root near x = -1.28: absolute error there, 2 float ulps of 1
+    torch.testing.assert_close(ext.silu_backward(dy, x).double(), ref, rtol=1e-6, atol=2.4e-7)
+
+
+def test_special_values_as_aten(ext):
+    x = torch.tensor([math.nan, math.inf, 1e30, -1e30, 100.0, -100.0]).reshape(1, 1, 1, -1)
+    y = ext.silu_forward(x)
+    assert torch.isnan(y[..., 0]).all()                       # NaN stays NaN
+    assert y[..., 1].item() == math.inf and y[..., 2].item() == x[..., 2].item()
+    assert y[..., 4].item() == 100.0
+    assert y[..., 3].item() == 0.0 and y[..., 5].item() == 0.0     # -x * exp(-huge): flushed
+    g = ext.silu_backward(torch.ones_like(x), x)
+    ref = torch.ops.aten.silu_backward(torch.ones_like(x), x)   # NaN at NaN and inf, as ours
+    torch.testing.assert_close(g, ref, equal_nan=True, rtol=0, atol=0)
