@@ -1,7 +1,7 @@
-"""cpu_math.h's inline exp_nonpos and float sigmoid (what every SiLU loop and GELU's derivative
-run, issue 15.2) against float64 over the whole float range that matters: where sigmoid
-saturates (|x| > 17), where exp underflows (x < -87) and is clamped (x < -100), and at the
-special values, which must come out as aten's do: NaN stays NaN, silu(+inf) is +inf."""
+"""cpu_math.h's inline exp_nonpos and float sigmoid (every SiLU loop; issue 15.2), and the erf
+GELU kernel beside aten's, against float64 over the whole float range that matters: where sigmoid and
+Phi saturate, where exp underflows (x < -87) and is clamped (x < -100), and at the special
+values, which must come out as aten's do: NaN stays NaN, silu(+inf) and gelu(+inf) are +inf."""
 import math
 
 import pytest
@@ -53,3 +53,37 @@ def test_special_values_as_aten(ext):
     g = ext.silu_backward(torch.ones_like(x), x)
     ref = torch.ops.aten.silu_backward(torch.ones_like(x), x)   # NaN at NaN and inf, as ours
     torch.testing.assert_close(g, ref, equal_nan=True, rtol=0, atol=0)
+
+
+def _gelu64(x):
+    return x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def _worst(ours, aten, ref, x):
+    """The largest error relative to max(|x|, 1) of ours and of aten's float32, vs float64."""
+    scale = x.double().abs().clamp_min(1.0)
+    return [((t.double() - ref).abs() / scale).max().item() for t in (ours, aten)]
+
+
+def test_gelu_matches_float64_as_closely_as_aten(ext):
+    # a GELU kernel's erf may be any float erf (libmvec's today) as long as it is as close
+    x = _grid()
+    ours, aten = _worst(ext.bias_gelu_forward(x, torch.zeros(1), False),
+                        torch.nn.functional.gelu(x), _gelu64(x.double()), x)
+    assert ours <= 1.5 * aten + 1e-8, (ours, aten)
+
+
+def test_gelu_backward_matches_float64_as_closely_as_aten(ext):
+    x = _grid()
+    xd = x.double()
+    ref = 0.5 * (1 + torch.erf(xd / math.sqrt(2))) + xd * torch.exp(-xd * xd / 2) / math.sqrt(2 * math.pi)
+    dx, _ = ext.bias_gelu_backward(torch.ones_like(x), x, torch.zeros(1), False)
+    aten = torch.ops.aten.gelu_backward(torch.ones_like(x), x)
+    ours, theirs = _worst(dx, aten, ref, x)
+    assert ours <= 1.5 * theirs + 1e-8, (ours, theirs)
+
+
+def test_gelu_special_values_as_aten(ext):
+    x = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -1e30]).reshape(1, 1, 1, -1)
+    ours = ext.bias_gelu_forward(x, torch.zeros(1), False)
+    torch.testing.assert_close(ours, torch.nn.functional.gelu(x), equal_nan=True, rtol=0, atol=0)

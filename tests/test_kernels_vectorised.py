@@ -4,7 +4,7 @@ library stand for it (timing would be a flaky test):
     leaves scalar calls plain `erff` per value. That is how the bias+GELU backward ran 9-15x
     slower than aten's for sessions (its inner loop read dy / x / dx through a lambda's
     captures, which might alias).
-  - exp (SiLU's sigmoid, GELU's derivative) is cpu_math.h's inline `exp_nonpos`, whose 2^n is an
+  - exp in SiLU's sigmoid is cpu_math.h's inline `exp_nonpos`, whose 2^n is an
     8-lane float-to-int conversion (`vcvttps2dq` on a ymm register) only where the loop
     vectorised; scalar, it is `vcvttss2si`. Before exp_nonpos the libraries had none (libmvec's
     expf did the conversion inside glibc)."""

@@ -71,8 +71,10 @@ def _cpu_flags() -> str:
 
 def _fingerprint(sources: list[Path], cflags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    # the kernels' own sources plus the headers they share (huge_pages.h)
-    for s in [*sources, *sorted(Path(__file__).parent.glob("*.h"))]:
+    # the kernels' own sources plus the headers they share (`#include "../cpu_math.h"`: the
+    # family folder's parent; for a copy built elsewhere, benchmarks/kernel_ab.py, its own)
+    headers = sorted({h for s in sources for h in s.parent.parent.glob("*.h")})
+    for s in [*sources, *headers]:
         h.update(s.read_bytes())
     for part in (*cflags, torch.__version__, sys.version, _cpu_flags()):
         h.update(part.encode())
