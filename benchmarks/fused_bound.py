@@ -27,7 +27,6 @@ average at start and end is printed, and the VM's speed drifts (alternating step
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -45,7 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fused_profile import KERNEL_MODULES, build, step  # noqa: E402
+from fused_profile import KERNEL_MODULES, batch_of, step, step_parser, warm_pair  # noqa: E402
 
 # self-CPU op names of the work fused mode leaves to aten: convolutions (oneDNN and THNN) and GEMMs
 ATEN_HEAVY = ("convolution", "conv2d", "conv_depthwise", "mkldnn_conv", "aten::mm", "aten::addmm",
@@ -134,14 +133,8 @@ def aten_heavy_share(model, x, target) -> float:
 def measure(args) -> dict:
     log = CallLog()
     time_kernels(log)
-    mf = torch.contiguous_format if args.nchw else torch.channels_last
-    x = torch.randn(args.batch, 3, args.img, args.img).contiguous(memory_format=mf)
-    target = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
-    models = {"eager": build(args.model, not args.nchw, False),
-              "fused": build(args.model, not args.nchw, True)}
-    for _ in range(args.warmup):
-        for m in models.values():
-            step(m, x, target)
+    x, target = batch_of(args)
+    models = warm_pair(args, x, target)
     wall: dict[str, list[float]] = {k: [] for k in models}
     faults: dict[str, list[int]] = {k: [] for k in models}
     for _ in range(args.steps):
@@ -197,14 +190,7 @@ def report(r: dict, head: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="efficientnet_b0",
-                    help="a fused_mode.py name (convnext_official...), a zoo name or file.py:fn")
-    ap.add_argument("--nchw", action="store_true", help="NCHW input (default channels-last)")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--img", type=int, default=160)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap = step_parser(__doc__)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)

@@ -82,16 +82,27 @@ def self_times(prof) -> dict[str, float]:
     return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
 
 
-def profile_both(args) -> dict[str, dict[str, float]]:
-    x = torch.randn(args.batch, 3, args.img, args.img)
-    if not args.nchw:
-        x = x.contiguous(memory_format=torch.channels_last)
+def batch_of(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, target) for --batch / --img / --nchw (the same seeds in every benchmark)."""
+    mf = torch.contiguous_format if args.nchw else torch.channels_last
+    x = torch.randn(args.batch, 3, args.img, args.img).contiguous(memory_format=mf)
     target = torch.randint(0, 1000, (args.batch,), generator=torch.Generator().manual_seed(0))
+    return x, target
+
+
+def warm_pair(args, x, target) -> dict[str, nn.Module]:
+    """{"eager", "fused"} built from one seed, each warmed by --warmup steps, alternating."""
     models = {"eager": build(args.model, not args.nchw, False),
               "fused": build(args.model, not args.nchw, True)}
     for _ in range(args.warmup):
         for m in models.values():
             step(m, x, target)
+    return models
+
+
+def profile_both(args) -> dict[str, dict[str, float]]:
+    x, target = batch_of(args)
+    models = warm_pair(args, x, target)
     acc: dict[str, dict[str, float]] = {name: {} for name in models}
     for _ in range(args.steps):
         for name, m in models.items():
@@ -118,14 +129,21 @@ def print_table(times: dict[str, dict[str, float]], top: int) -> None:
           f"{'':{w}} {totals['fused']:7.1f}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="efficientnet_b0")
+def step_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every one-process train-step benchmark here takes (fused_bound, kernel_ab)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--model", default="efficientnet_b0",
+                    help="a fused_mode.py name (convnext_official...), a zoo name or file.py:fn")
     ap.add_argument("--nchw", action="store_true", help="NCHW input (default channels-last)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--img", type=int, default=160)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = step_parser(__doc__)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--by-kernel", action="store_true",

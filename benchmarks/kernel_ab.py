@@ -12,7 +12,6 @@ whole-model A/Bs taken as separate processes minutes apart were too noisy to res
 kernel change. Prints the medians and base/new, eager/new with the load average."""
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import statistics
@@ -27,7 +26,7 @@ from fusebench.kernels.build import cache_root, load_extension
 from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fused_profile import KERNEL_MODULES, build, step  # noqa: E402
+from fused_profile import KERNEL_MODULES, batch_of, build, step, step_parser  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = "fusebench/kernels"
@@ -76,14 +75,8 @@ def use(exts: dict[str, object]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = step_parser(__doc__)
     ap.add_argument("--base", default="HEAD", help="git revision of the A side (default HEAD)")
-    ap.add_argument("--model", default="efficientnet_b0")
-    ap.add_argument("--nchw", action="store_true", help="NCHW input (default channels-last)")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--img", type=int, default=160)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
@@ -93,9 +86,7 @@ def main(argv=None) -> int:
     base = base_extensions(a.base, new)
     print("built from " + a.base + ": " + (", ".join(f for f in base if base[f] is not new[f])
                                            or "nothing (no kernel source differs)"))
-    mf = torch.contiguous_format if a.nchw else torch.channels_last
-    x = torch.randn(a.batch, 3, a.img, a.img).contiguous(memory_format=mf)
-    target = torch.randint(0, 1000, (a.batch,), generator=torch.Generator().manual_seed(0))
+    x, target = batch_of(a)
     fused, eager = build(a.model, not a.nchw, True), build(a.model, not a.nchw, False)
     sides = {"base": (fused, base), "new": (fused, new), "eager": (eager, new)}
     times: dict[str, list[float]] = {k: [] for k in sides}

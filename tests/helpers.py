@@ -2,6 +2,8 @@
 autograd graph walk. Imported as `from tests.helpers import ...`; fixtures are in conftest.py."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -10,6 +12,7 @@ GRAPH_BREAK = f"{ASSETS / 'tiny_models.py'}:graph_break_cnn"
 WARNING = f"{ASSETS / 'tiny_models.py'}:warning_cnn"
 RAISING = f"{ASSETS / 'tiny_models.py'}:raising_factory"
 SPAWNING = f"{ASSETS / 'tiny_models.py'}:spawning_cnn"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 FAULT_PLUGIN = str(ASSETS / "fault_modes.py")
 ALL_FAULT_PLUGINS = f"{FAULT_PLUGIN},{ASSETS / 'more_faults.py'}"   # + tests/assets/more_faults.py
 
@@ -49,3 +52,13 @@ def assert_matches_eager(model, ref, inputs, tol=1e-9):
     exp = {n: p.grad for n, p in ref.named_parameters()}
     assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < tol
     return y
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported as the module `<name>_bench` (benchmarks are scripts, not a
+    package; registered in sys.modules because dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

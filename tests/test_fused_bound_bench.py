@@ -1,23 +1,14 @@
 """benchmarks/fused_bound.py: a timed kernel call counts each storage it reads or writes once,
 and the bounds follow from the step times, the kernels' time and their copy-speed time."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from fusebench.kernels.bn_act import cpu as bn_act_cpu
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_bound.py"
+from tests.helpers import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fused_bound_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fused_bound")
 
 
 def test_a_timed_call_counts_each_storage_once():

@@ -1,24 +1,20 @@
 """benchmarks/fused_mode.py: its verdicts from records, its bad-input lines, and (slow) the
 --quick smoke run end to end."""
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from fusebench.spec import CellSpec, Correctness, Record, StepStats
+from tests.helpers import BENCHMARKS, load_benchmark
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_mode.py"
+BENCH = BENCHMARKS / "fused_mode.py"
+
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fused_mode_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                     # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fused_mode")
 
 
 def _rec(mode, ms, act, passed=True, status="ok"):

@@ -1,24 +1,16 @@
 """benchmarks/fused_profile.py --by-kernel: each call into a bundled C++ extension shows up in the
 profile under its own name, and the labelled extension computes what the plain one does."""
 import importlib
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from fusebench.kernels.bn_act import cpu as bn_act_cpu
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "fused_profile.py"
+from tests.helpers import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fused_profile_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fused_profile")
 
 
 @pytest.fixture
