@@ -65,13 +65,21 @@ def _storages(obj, seen: dict[int, int]) -> None:
 
 @dataclass
 class CallLog:
-    """Per kernel label: seconds and bytes over all calls; per call size (its largest tensor's
-    bytes): how many calls, how many bytes. Filled only while `on` (the timed fused steps)."""
+    """Per kernel label: seconds and minor page faults over all calls; per (label, call size: its
+    largest tensor's bytes): the bytes those calls moved. Filled only while `on` (the timed
+    fused steps)."""
     on: bool = False
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    nbytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     by_size: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    @property
+    def nbytes(self) -> dict[str, int]:
+        """label -> bytes over all its calls (the sizes summed)."""
+        out: dict[str, int] = defaultdict(int)
+        for (label, _), b in self.by_size.items():
+            out[label] += b
+        return out
 
 
 class _Timed:
@@ -92,7 +100,6 @@ class _Timed:
             log.faults[label] += _minflt() - f0
             seen: dict[int, int] = {}
             _storages((args, tuple(kwargs.values()), out), seen)
-            log.nbytes[label] += sum(seen.values())
             log.by_size[(label, max(seen.values(), default=0))] += sum(seen.values())
             return out
         return call
@@ -156,9 +163,9 @@ def summarise(log: CallLog, wall: dict[str, list[float]], share: float, steps: i
     roof: dict[str, float] = defaultdict(float)          # label -> copy-speed seconds, all steps
     for (label, size), nbytes in log.by_size.items():
         roof[label] += nbytes * spb[size]
-    fams = {}
+    fams, nbytes = {}, log.nbytes
     for label in sorted(log.seconds, key=lambda k: -log.seconds[k]):
-        s, b = log.seconds[label] / steps, log.nbytes[label] / steps
+        s, b = log.seconds[label] / steps, nbytes[label] / steps
         fams[label] = {"ms": 1e3 * s, "mb": b / 1e6, "gbps": b / s / 1e9,
                        "pct_of_copy": 100.0 * roof[label] / log.seconds[label],
                        "faults": log.faults[label] / steps}

@@ -67,7 +67,6 @@ inline float exp_nonpos(float t) {
   ni = ni < -127 ? -127 : ni;
   return p * __builtin_bit_cast(float, (ni + 127) << 23);
 }
-inline double exp_nonpos(double t) { return std::exp(t); }
 
 // sigmoid from e = exp(-|v|) <= 1, which cannot overflow: 1 / (1 + e) for v >= 0, e / (1 + e)
 // below (sigmoid(-inf) and anything under -88 is 0, as in float64 rounded); NaN is handed back
