@@ -90,3 +90,30 @@ def test_gelu_special_values_as_float64(ext):
     ours = ext.bias_gelu_forward(x, torch.zeros(1), False)
     ref = torch.nn.functional.gelu(x.double()).float()
     torch.testing.assert_close(ours, ref, equal_nan=True, rtol=0, atol=0)
+
+
+def _gelu_tanh64(x):
+    k = math.sqrt(2 / math.pi)
+    th = torch.tanh(k * (x + 0.044715 * x ** 3))
+    dth = (1 - th * th) * k * (1 + 3 * 0.044715 * x * x)
+    return 0.5 * x * (1 + th), 0.5 * (1 + th) + 0.5 * x * dth
+
+
+def test_gelu_tanh_matches_float64_as_closely_as_aten(ext):
+    # the tanh is inline ((1 - e) / (1 + e)): absolute, not relative, accuracy near 0 is its claim
+    x = _grid()
+    ref_y, ref_d = _gelu_tanh64(x.double())
+    ours_y, aten_y = _worst(ext.bias_gelu_forward(x, torch.zeros(1), True),
+                            torch.nn.functional.gelu(x, approximate="tanh"), ref_y, x)
+    assert ours_y <= 1.5 * aten_y + 1e-7, (ours_y, aten_y)
+    dx, _ = ext.bias_gelu_backward(torch.ones_like(x), x, torch.zeros(1), True)
+    aten_d = torch.ops.aten.gelu_backward(torch.ones_like(x), x, approximate="tanh")
+    ours_d, theirs_d = _worst(dx, aten_d, ref_d, x)
+    assert ours_d <= 1.5 * theirs_d + 1e-7, (ours_d, theirs_d)
+
+
+def test_gelu_tanh_special_values_as_float64(ext):
+    x = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0]).reshape(1, 1, 1, -1)
+    ours = ext.bias_gelu_forward(x, torch.zeros(1), True)
+    ref = torch.nn.functional.gelu(x.double(), approximate="tanh").float()
+    torch.testing.assert_close(ours, ref, equal_nan=True, rtol=0, atol=0)
