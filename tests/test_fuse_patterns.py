@@ -503,9 +503,10 @@ def test_linear_mlp_runs_the_cpu_bias_gelu_kernel(name, monkeypatch):
 
     def counted():
         pairs = dict(real())
-        fwd, bwd = pairs["bias_gelu"]
+        fwd, bwd, bwd_y = pairs["bias_gelu"]
         pairs["bias_gelu"] = (lambda *a: calls.update(["fwd"]) or fwd(*a),
-                              lambda *a: calls.update(["bwd"]) or bwd(*a))
+                              lambda *a: calls.update(["bwd"]) or bwd(*a),
+                              lambda *a: calls.update(["bwd_y"]) or bwd_y(*a))
         return pairs
     monkeypatch.setitem(binding.PAIRS, "cpu", counted)
     factory, inputs, sites = ASSETS[name]
@@ -513,5 +514,27 @@ def test_linear_mlp_runs_the_cpu_bias_gelu_kernel(name, monkeypatch):
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["mlp"] == sites["mlp"]
     assert_matches_eager(model, ref, inputs())
-    # forward, the recompute in backward, and the backward: once each per MLP site
-    assert calls == {"fwd": 2 * sites["mlp"], "bwd": sites["mlp"]}, calls
+    # the forward, and the backward that also recomputes the GELU output: once each per site
+    assert calls == {"fwd": sites["mlp"], "bwd_y": sites["mlp"]}, calls
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_split_1x1_conv_backward_matches_aten(layout, has_bias):
+    """The MLP's fc2 backward in two steps (dx, then dw / db once the GELU output is rebuilt):
+    GEMMs on channels-last views, aten's convolution_backward otherwise; both as aten's one call,
+    against float64, with dx in x's layout."""
+    from fusebench.fuse.engine import conv_bwd
+    from fusebench.fuse.fusions.fx_mlp import FC
+    torch.manual_seed(0)
+    g = torch.randn(2, 12, 5, 3).contiguous(memory_format=layout)
+    w, dy = torch.randn(4, 12, 1, 1), torch.randn(2, 4, 5, 3).contiguous(memory_format=layout)
+    dx, weight_grads = FC["conv2d"][1](dy, g, w, has_bias)
+    dw, db = weight_grads(g)
+    ref = conv_bwd(dy.double(), g.double(), w.double(), has_bias)
+    torch.testing.assert_close(dx.double(), ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), ref[1], rtol=1e-5, atol=1e-5)
+    assert (db is None) == (not has_bias)
+    if has_bias:
+        torch.testing.assert_close(db.double(), ref[2], rtol=1e-5, atol=1e-5)
+    assert dx.is_contiguous(memory_format=layout) and dw.shape == w.shape

@@ -345,3 +345,24 @@ def test_linear_mlp_bias_gelu_each_impl_matches_eager(impl):
     y.square().sum().backward(), yr.square().sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("impl", ["function", "cpu", "triton"])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_bias_gelu_bwd_y_is_bwd_plus_the_forward(impl, approximate, layout):
+    """bwd_y (the MLP backward's one call: dx, dbias and the recomputed y) gives what bwd and
+    fwd give separately, against float64 too, on both layouts."""
+    from fusebench.fuse.binding import pure_pair
+    _impl("bias_gelu", impl)
+    pair = pure_pair("bias_gelu", impl)
+    torch.manual_seed(1)
+    x = _layout(torch.randn(2, 19, 5, 7) * 3, layout)
+    dy, b = torch.randn_like(x), torch.randn(19)
+    dx, db, y = pair.bwd_y(dy, x, b, approximate)
+    dx1, db1 = pair.bwd(dy, x, b, approximate)
+    torch.testing.assert_close(y, pair.fwd(x, b, approximate), rtol=2e-7, atol=2e-7)
+    torch.testing.assert_close((dx, db), (dx1, db1), rtol=0, atol=0)
+    assert y.stride() == x.stride()                         # x's layout, as fwd's y
+    ref = torch.nn.functional.gelu(x.double() + b.double()[:, None, None], approximate=approximate)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,9 @@ The maths lives in fusebench.kernels (act families, ln2d); here only which impl 
 multi-op Function needs an impl's *pure* forward/backward pair (no autograd node of its own),
 so each act impl is listed with its pair, in one call convention:
   silu: fwd(x) -> y, bwd(dy, x) -> dx;   se_gate: fwd(x, g) -> y, bwd(dy, x, g) -> (dx, dg);
-  bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db)."""
+  bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db), and
+  bwd_y(dy, x, b, approximate) -> (dx, db, y): the backward that also recomputes y (the MLP's
+  fc2 weight gradient needs it) from the same read of x, one exp per value for both."""
 from __future__ import annotations
 
 import functools
@@ -28,37 +30,43 @@ class Pure:
     impl: str
     fwd: Callable
     bwd: Callable
+    bwd_y: Callable | None = None     # bwd that also gives fwd's output (bias_gelu only)
 
 
-def _function_pairs() -> dict[str, tuple[Callable, Callable]]:
+def _function_pairs() -> dict[str, tuple[Callable, ...]]:
     # looked up when bound, not at import, so a spy on the family module sees the calls
     out = {}
     for family in ("silu", "se_gate", "bias_gelu"):
         mod = importlib.import_module(f"fusebench.kernels.{family}.function")
         out[family] = (getattr(mod, f"{family}_fwd"), getattr(mod, f"{family}_bwd"))
+    out["bias_gelu"] += (functools.partial(out["bias_gelu"][1], want_y=True),)
     return out
 
 
-def _cpu_pairs() -> dict[str, tuple[Callable, Callable]]:
+def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
     ext, d = act_cpu.extension(), act_cpu.dense
     return {"silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
             "se_gate": (lambda x, g: ext.se_gate_forward(d(x), g),
                         lambda dy, x, g: tuple(ext.se_gate_backward(dy, x, g))),
             "bias_gelu": (lambda x, b, a: ext.bias_gelu_forward(d(x), b, a == "tanh"),
                           lambda dy, x, b, a: tuple(ext.bias_gelu_backward(dy, x, b,
-                                                                           a == "tanh")))}
+                                                                           a == "tanh")),
+                          lambda dy, x, b, a: tuple(ext.bias_gelu_backward(dy, x, b, a == "tanh",
+                                                                           True)))}
 
 
-def _triton_pairs() -> dict[str, tuple[Callable, Callable]]:
+def _triton_pairs() -> dict[str, tuple[Callable, ...]]:
     tr = act_triton
     return {"silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
             "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
             "bias_gelu": (lambda x, b, a: tr.bias_gelu_triton_fwd(x, b, a == "tanh"),
-                          lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b, a == "tanh"))}
+                          lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b, a == "tanh"),
+                          lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b, a == "tanh",
+                                                                      True))}
 
 
 # impl name -> its pure pairs per act family (built when first bound: cpu loads its extension)
-PAIRS: dict[str, Callable[[], dict[str, tuple[Callable, Callable]]]] = {
+PAIRS: dict[str, Callable[[], dict[str, tuple[Callable, ...]]]] = {
     "function": _function_pairs, "cpu": _cpu_pairs, "triton": _triton_pairs}
 
 
@@ -74,8 +82,10 @@ def _by_layout(cl: Pure, nchw: Pure) -> Pure:
     def pick(x):
         return cl if x.is_contiguous(memory_format=torch.channels_last) \
             and not x.is_contiguous() else nchw
+    both_y = cl.bwd_y is not None and nchw.bwd_y is not None
     return Pure(f"{cl.impl}|{nchw.impl}", lambda x, *a: pick(x).fwd(x, *a),
-                lambda dy, x, *a: pick(x).bwd(dy, x, *a))
+                lambda dy, x, *a: pick(x).bwd(dy, x, *a),
+                (lambda dy, x, *a: pick(x).bwd_y(dy, x, *a)) if both_y else None)
 
 
 # Best impl per device, by measurement (timings in docs/fused.md). On CPU the C++ se_gate pays

@@ -84,9 +84,11 @@ def run_ops(kernel: MultiOpKernel, x: torch.Tensor, groups) -> torch.Tensor:
     return MultiOpFunction.apply(kernel, counts, x, *[p for g in groups for p in g])
 
 
-def conv_bwd(dy, x, w, bias: bool, padding=(0, 0), groups=1):
-    """(dx, dw, db|None) of conv2d(x, w, b, stride 1): aten's own backward, same as eager."""
+def conv_bwd(dy, x, w, bias: bool, padding=(0, 0), groups=1, mask=(True, True, True)):
+    """(dx, dw, db|None) of conv2d(x, w, b, stride 1): aten's own backward, same as eager.
+    mask (dx, dw, db) skips what is not asked for (None back); with dx alone, x only gives the
+    input's shape and layout."""
     dx, dw, db = torch.ops.aten.convolution_backward(
         dy, x, w, [w.shape[0]] if bias else None, (1, 1), padding, (1, 1), False, (0, 0),
-        groups, (True, True, bias))
+        groups, (mask[0], mask[1], bias and mask[2]))
     return dx, dw, db

@@ -1,6 +1,7 @@
 """mlp_bias_gelu: ConvMlp (ConvNeXt's MLP) -> fc1 without bias, then bias + GELU + fc2 in one
 Function, ops bias (fc1.bias) and fc2 (weight, bias). Saves only the pre-bias fc1 output h0
-(N, 4C, H, W); the GELU output fc2's weight gradient needs is recomputed in backward."""
+(N, 4C, H, W); the GELU output fc2's weight gradient needs is recomputed in backward, by the
+same kernel call as the GELU's backward where the bound impl has one (fx_mlp.mlp_backward)."""
 from __future__ import annotations
 
 import functools
@@ -10,22 +11,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
-from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
+from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, mlp_backward
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvMlp
 
 
 @functools.cache
 def bias_gelu_fc2_kernel(act: Pure, approximate: str) -> MultiOpKernel:
+    ba = BiasAct(act, act, approximate, cdim=1)             # b1 always there: bias_gelu's path
+
     def fwd(h0, groups):
         (b1,), (w2, b2) = groups
         return F.conv2d(act.fwd(h0, b1, approximate), w2, b2), (h0,)
 
     def bwd(dy, saved, groups):
         (h0,), ((b1,), (w2, b2)) = saved, groups
-        g = act.fwd(h0, b1, approximate)                    # (N, 4C, H, W), recomputed
-        dg, dw2, db2 = conv_bwd(dy, g, w2, True)
-        dh, db1 = act.bwd(dg, h0, b1, approximate)
+        dh, db1, dw2, db2 = mlp_backward(ba, FC["conv2d"][1], dy, h0, b1, w2, True)
         return dh, ((db1,), (dw2, db2))
     return MultiOpKernel(f"bias_gelu_fc2[{act.impl},{approximate}]", fwd, bwd)
 

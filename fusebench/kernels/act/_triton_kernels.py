@@ -71,8 +71,9 @@ def bias_gelu_fwd_kernel(X, B, Y, C, HW, stride_n, stride_c, stride_hw, TANH: tl
 
 
 @triton.jit
-def bias_gelu_bwd_kernel(DY, X, B, DX, DBp, C, HW, stride_n, stride_c, stride_hw,
-                         TANH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+def bias_gelu_bwd_kernel(DY, X, B, DX, DBp, Y, C, HW, stride_n, stride_c, stride_hw,
+                         TANH: tl.constexpr, WANT_Y: tl.constexpr, BLOCK_C: tl.constexpr,
+                         BLOCK_HW: tl.constexpr):
     pid_hw = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     cs, cm, mask, offs = _tile(pid_hw, n, C, HW, stride_n, stride_c, stride_hw,
@@ -82,6 +83,8 @@ def bias_gelu_bwd_kernel(DY, X, B, DX, DBp, C, HW, stride_n, stride_c, stride_hw
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     dx = tl.where(mask, dy * _gelu_grad(v, TANH), 0.0)
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    if WANT_Y:                                                 # the recomputed forward output
+        tl.store(Y + offs, _gelu(v, TANH).to(Y.dtype.element_ty), mask=mask)
     row = n * tl.num_programs(0) + pid_hw                      # one partial row per program
     tl.store(DBp + row * C + cs, tl.sum(dx, axis=1), mask=cm)
 

@@ -98,28 +98,34 @@ void gelu_row(const T* __restrict x, const A* __restrict b, T* __restrict y, int
   for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(x[c]) + b[c]));
 }
 
-// dx = dy * gelu'(x + b); returns the plane's sum of dx (its dbias share)
-template <typename T, typename A, bool kTanh>
+// dx = dy * gelu'(x + b); returns the plane's sum of dx (its dbias share). kY: also y =
+// gelu(x + b) (a consumer's recomputed input): f and f' of one z share their exp, which GCC
+// computes once (the same pure arithmetic), so the extra output costs one write, not a pass.
+template <typename T, typename A, bool kTanh, bool kY>
 A gelu_grad_plane(const T* __restrict dy, const T* __restrict x, A bc, T* __restrict dx,
-                  int64_t n) {
+                  T* __restrict y, int64_t n) {
   A s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) {
-    const A d = static_cast<A>(dy[i]) * Gelu<kTanh>::d(static_cast<A>(x[i]) + bc);
+    const A z = static_cast<A>(x[i]) + bc;
+    const A d = static_cast<A>(dy[i]) * Gelu<kTanh>::d(z);
     dx[i] = static_cast<T>(d);
+    if constexpr (kY) y[i] = static_cast<T>(Gelu<kTanh>::f(z));
     s += d;
   }
   return s;
 }
 
-// dx = dy * gelu'(x + b) over one row of C; acc[c] += dx[c]
-template <typename T, typename A, bool kTanh>
+// dx = dy * gelu'(x + b) over one row of C; acc[c] += dx[c]; kY: y as above
+template <typename T, typename A, bool kTanh, bool kY>
 void gelu_grad_row(const T* __restrict dy, const T* __restrict x, const A* __restrict b,
-                   T* __restrict dx, A* __restrict acc, int64_t C) {
+                   T* __restrict dx, T* __restrict y, A* __restrict acc, int64_t C) {
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) {
-    const A d = static_cast<A>(dy[c]) * Gelu<kTanh>::d(static_cast<A>(x[c]) + b[c]);
+    const A z = static_cast<A>(x[c]) + b[c];
+    const A d = static_cast<A>(dy[c]) * Gelu<kTanh>::d(z);
     dx[c] = static_cast<T>(d);
+    if constexpr (kY) y[c] = static_cast<T>(Gelu<kTanh>::f(z));
     acc[c] += d;
   }
 }
@@ -140,14 +146,15 @@ void bias_gelu_fwd_k(const T* x, const A* b, T* y, int64_t N, int64_t C, int64_t
 }
 
 // dx = dy * gelu'(x + b); `part` gets dbias partials: (N, C) for NCHW, (blocks, C) otherwise.
-template <typename T, typename A, bool kTanh>
-void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_t N, int64_t C,
-                     int64_t HW, Layout l) {
+// y (kY only): gelu(x + b) as well.
+template <typename T, typename A, bool kTanh, bool kY>
+void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, T* y, A* part, int64_t N,
+                     int64_t C, int64_t HW, Layout l) {
   if (l == Layout::kNCHW) {
     at::parallel_for(0, N * C, grain(HW), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)   // dbias = sum over N, H, W of dx
-        part[t] = gelu_grad_plane<T, A, kTanh>(dy + t * HW, x + t * HW, b[t % C], dx + t * HW,
-                                                HW);
+        part[t] = gelu_grad_plane<T, A, kTanh, kY>(dy + t * HW, x + t * HW, b[t % C],
+                                                    dx + t * HW, kY ? y + t * HW : nullptr, HW);
     });
   } else {
     const int64_t rows = N * HW, nblk = (rows + kRowBlock - 1) / kRowBlock;
@@ -156,7 +163,8 @@ void bias_gelu_bwd_k(const T* dy, const T* x, const A* b, T* dx, A* part, int64_
         A* acc = part + k * C;
         std::fill(acc, acc + C, A(0));
         for (int64_t r = k * kRowBlock; r < std::min(rows, (k + 1) * kRowBlock); ++r)
-          gelu_grad_row<T, A, kTanh>(dy + r * C, x + r * C, b, dx + r * C, acc, C);
+          gelu_grad_row<T, A, kTanh, kY>(dy + r * C, x + r * C, b, dx + r * C,
+                                          kY ? y + r * C : nullptr, acc, C);
       }
     });
   }
@@ -266,24 +274,37 @@ at::Tensor bias_gelu_forward(const at::Tensor& x_, const at::Tensor& bias, bool 
   return y;
 }
 
+// (dx, dbias), or with want_y (dx, dbias, y = gelu(x + bias)): the MLP's backward recomputes
+// y for fc2's weight gradient, and one kernel giving both saves a pass and an exp per value.
 std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tensor& x_,
-                                           const at::Tensor& bias, bool tanh_approx) {
+                                           const at::Tensor& bias, bool tanh_approx,
+                                           bool want_y) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  TORCH_CHECK(bias.numel() == C, "bias has ", bias.numel(), " elements, C=", C);
   at::Tensor dx = fusebench::empty_output(x, at::MemoryFormat::Preserve);
+  at::Tensor y = want_y ? fusebench::empty_output(x, at::MemoryFormat::Preserve) : at::Tensor();
   at::Tensor db;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "bias_gelu_backward", [&] {
     using A = Acc<scalar_t>;
     at::Tensor b = bias.to(acc_type<scalar_t>()).contiguous();
     const int64_t rows = l == Layout::kNCHW ? N : (N * HW + kRowBlock - 1) / kRowBlock;
     at::Tensor part = at::empty({rows, C}, x.options().dtype(acc_type<scalar_t>()));
-    auto run = tanh_approx ? bias_gelu_bwd_k<scalar_t, A, true> : bias_gelu_bwd_k<scalar_t, A, false>;
-    run(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), b.data_ptr<A>(), dx.data_ptr<scalar_t>(),
-        part.data_ptr<A>(), N, C, HW, l);
+    using K = void (*)(const scalar_t*, const scalar_t*, const A*, scalar_t*, scalar_t*, A*,
+                       int64_t, int64_t, int64_t, Layout);
+    const K kernels[2][2] = {{bias_gelu_bwd_k<scalar_t, A, false, false>,
+                              bias_gelu_bwd_k<scalar_t, A, false, true>},
+                             {bias_gelu_bwd_k<scalar_t, A, true, false>,
+                              bias_gelu_bwd_k<scalar_t, A, true, true>}};
+    kernels[tanh_approx][want_y](dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), b.data_ptr<A>(),
+                                 dx.data_ptr<scalar_t>(),
+                                 want_y ? y.data_ptr<scalar_t>() : nullptr, part.data_ptr<A>(),
+                                 N, C, HW, l);
     db = part.sum(0);
   });
+  if (want_y) return {dx, db.to(bias.scalar_type()), y};
   return {dx, db.to(bias.scalar_type())};
 }
 
@@ -330,7 +351,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_forward", &silu_forward, "SiLU forward");
   m.def("silu_backward", &silu_backward, "SiLU backward from the saved input");
   m.def("bias_gelu_forward", &bias_gelu_forward, "gelu(x + bias[c])");
-  m.def("bias_gelu_backward", &bias_gelu_backward, "(dx, dbias) from the saved x and bias");
+  m.def("bias_gelu_backward", &bias_gelu_backward,
+        "(dx, dbias) from the saved x and bias; want_y: (dx, dbias, gelu(x + bias))",
+        py::arg("dy"), py::arg("x"), py::arg("bias"), py::arg("tanh_approx"),
+        py::arg("want_y") = false);
   m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g), g (N, C, 1, 1)");
   m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g");
 }

@@ -80,18 +80,23 @@ def bias_gelu_triton_fwd(x, bias, tanh: bool):
     return y
 
 
-def bias_gelu_triton_bwd(dy, x, bias, tanh: bool):
+def bias_gelu_triton_bwd(dy, x, bias, tanh: bool, want_y: bool = False):
+    """(dx, dbias); want_y: (dx, dbias, gelu(x + bias)) from the same tiles."""
     x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)
     dx = torch.empty_like(x, memory_format=fmt)
+    y = torch.empty_like(x, memory_format=fmt) if want_y else dx   # dx: an unused pointer
     C = x.shape[1]
     if not x.numel():
-        return dx, torch.zeros_like(bias)
+        db = torch.zeros_like(bias)
+        return (dx, db, y) if want_y else (dx, db)
     grid, bc, bhw, strides = _grid(x)
     dbp = torch.empty((grid[0] * grid[1], C), device=x.device, dtype=torch.float32)
-    _kernels().bias_gelu_bwd_kernel[grid](dy, x, bias, dx, dbp, C, x.shape[2] * x.shape[3],
-                                          *strides, TANH=tanh, BLOCK_C=bc, BLOCK_HW=bhw)
-    return dx, dbp.sum(0).to(bias.dtype)
+    _kernels().bias_gelu_bwd_kernel[grid](dy, x, bias, dx, dbp, y, C, x.shape[2] * x.shape[3],
+                                          *strides, TANH=tanh, WANT_Y=want_y, BLOCK_C=bc,
+                                          BLOCK_HW=bhw)
+    db = dbp.sum(0).to(bias.dtype)
+    return (dx, db, y) if want_y else (dx, db)
 
 
 class BiasGELUTritonFunction(torch.autograd.Function):

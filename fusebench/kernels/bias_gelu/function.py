@@ -28,10 +28,14 @@ def bias_gelu_fwd(x, bias, approximate: str = "none"):
     return F.gelu(x + _bc(bias), approximate=approximate)
 
 
-def bias_gelu_bwd(dy, x, bias, approximate: str = "none"):
-    """(dx, dbias) from the saved x and bias."""
-    dx = torch.ops.aten.gelu_backward(dy, x + _bc(bias), approximate=approximate)
+def bias_gelu_bwd(dy, x, bias, approximate: str = "none", want_y: bool = False):
+    """(dx, dbias) from the saved x and bias; want_y: (dx, dbias, gelu(x + bias)) as well, the
+    recomputed output a consumer's weight gradient needs (one x + bias for both)."""
+    v = x + _bc(bias)
+    dx = torch.ops.aten.gelu_backward(dy, v, approximate=approximate)
     db = dx.sum((0, 2, 3), dtype=torch.float32 if dx.dtype != torch.float64 else None)
+    if want_y:
+        return dx, db.to(bias.dtype), F.gelu(v, approximate=approximate)
     return dx, db.to(bias.dtype)
 
 
