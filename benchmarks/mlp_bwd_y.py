@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,9 @@ import torch.nn.functional as F
 from fusebench.fuse.binding import bind_act
 from fusebench.fuse.fusions.fx_mlp import BiasAct, mlp_site
 from fusebench.fuse.fx.acts import pure_act
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mlp_residual import interleaved_medians  # noqa: E402
 
 
 def sites():
@@ -64,14 +67,7 @@ def main() -> None:
         print(f"{a.batch}x{c}x{hw}x{hw}, {c} -> {h} -> {c}: max grad diff vs eager {err:.1e}")
         for threads in (int(t) for t in a.threads.split(",")):
             torch.set_num_threads(threads)
-            times: dict = {k: [] for k in fns}
-            for i in range(a.samples + 3):
-                for k, fn in fns.items():
-                    t = time.perf_counter()
-                    fn(*args).backward(dy)
-                    if i >= 3:
-                        times[k].append(time.perf_counter() - t)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = interleaved_medians(fns, args, dy, a.samples)
             print(f"  threads {threads}: fwd+bwd / bwd_y {med['fwd+bwd'] / med['bwd_y']:.3f}  "
                   f"eager / bwd_y {med['eager'] / med['bwd_y']:.3f}  "
                   f"eager / fwd+bwd {med['eager'] / med['fwd+bwd']:.3f}  "

@@ -30,6 +30,19 @@ def sites():
     }
 
 
+def interleaved_medians(fns: dict, args, dy, samples: int, warmup: int = 3) -> dict:
+    """name -> median seconds of fn(*args).backward(dy), the fns interleaved sample by sample
+    (so the VM's drift hits all alike), after `warmup` untimed rounds."""
+    times: dict = {k: [] for k in fns}
+    for i in range(samples + warmup):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn(*args).backward(dy)
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=4096)
@@ -49,14 +62,7 @@ def main() -> None:
     print(f"rows {a.rows} dim {c} -> {h} -> {c}; max |diff| vs eager {err:.2e}")
     for threads in (int(t) for t in a.threads.split(",")):
         torch.set_num_threads(threads)
-        times: dict = {k: [] for k in fns}
-        for i in range(a.samples + 3):
-            for k, fn in fns.items():
-                t = time.perf_counter()
-                fn(*args).backward(dy)
-                if i >= 3:
-                    times[k].append(time.perf_counter() - t)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved_medians(fns, args, dy, a.samples)
         print(f"threads {threads}: site+add/eager {med['site+add'] / med['eager']:.3f}  "
               f"folded/eager {med['folded'] / med['eager']:.3f}  "
               f"folded/site+add {med['folded'] / med['site+add']:.3f} (medians of "
