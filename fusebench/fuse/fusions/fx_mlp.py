@@ -35,10 +35,9 @@ def _linear_bwd(dy, x_like, w, has_bias):
 def _conv1x1_bwd(dy, x_like, w, has_bias):
     """_linear_bwd's split for a 1x1 conv. On channels-last activations, GEMMs on their
     (N*H*W, C) views, which are free: two convolution_backward calls (dx, then dw / db) cost
-    1.3x the single call at 8x160x40x40, the GEMMs 0.6x (1 thread, benchmarks/mlp_bwd_y.py);
-    aten's backward as two calls otherwise."""
+    1.3x the single call at 8x160x40x40, the GEMMs 0.6x (1 thread; docs/fused.md, twelfth
+    session); aten's backward as two calls otherwise."""
     if x_like.is_contiguous(memory_format=torch.channels_last):
-        n, _, hh, ww = dy.shape
         dx, weight_grads = _linear_bwd(dy.permute(0, 2, 3, 1), None, w.flatten(1), has_bias)
         return dx.permute(0, 3, 1, 2), \
             lambda g: _as_conv(weight_grads(g.permute(0, 2, 3, 1)), w)
