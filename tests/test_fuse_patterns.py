@@ -538,3 +538,22 @@ def test_split_1x1_conv_backward_matches_aten(layout, has_bias):
     if has_bias:
         torch.testing.assert_close(db.double(), ref[2], rtol=1e-5, atol=1e-5)
     assert dx.is_contiguous(memory_format=layout) and dw.shape == w.shape
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_conv1x1_is_a_gemm_on_channels_last_and_f_conv2d_otherwise(layout, monkeypatch):
+    """The fused MLP's 1x1 convs: a GEMM on a channels-last x's free view (no F.conv2d call),
+    F.conv2d on NCHW; y as the conv's (values vs float64, channels-last out for channels-last in)."""
+    import torch.nn.functional as F
+    from fusebench.fuse.fusions import fx_mlp
+    calls = Counter()
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda *a, **k: calls.update(["conv2d"]) or real(*a, **k))
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 4, 3).contiguous(memory_format=layout)
+    w, b = torch.randn(10, 6, 1, 1), torch.randn(10)
+    y = fx_mlp.conv1x1(x, w, b)
+    torch.testing.assert_close(y.double(), real(x.double(), w.double(), b.double()),
+                               rtol=1e-5, atol=1e-5)
+    assert calls["conv2d"] == (layout == torch.contiguous_format)
+    assert y.is_contiguous(memory_format=layout)

@@ -8,11 +8,10 @@ import functools
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, mlp_backward
+from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, conv1x1, mlp_backward
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvMlp
 
@@ -23,7 +22,7 @@ def bias_gelu_fc2_kernel(act: Pure, approximate: str) -> MultiOpKernel:
 
     def fwd(h0, groups):
         (b1,), (w2, b2) = groups
-        return F.conv2d(act.fwd(h0, b1, approximate), w2, b2), (h0,)
+        return conv1x1(act.fwd(h0, b1, approximate), w2, b2), (h0,)
 
     def bwd(dy, saved, groups):
         (h0,), ((b1,), (w2, b2)) = saved, groups
@@ -42,7 +41,7 @@ class FusedConvMlp(FusedModule):
         self.kernel = bias_gelu_fc2_kernel(act, src.act.approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
-        h0 = F.conv2d(x, self.fc1.weight)                    # (N, 4C, H, W), bias in the fusion
+        h0 = conv1x1(x, self.fc1.weight)                     # (N, 4C, H, W), bias in the fusion
         return run_ops(self.kernel, h0, ((self.fc1.bias,), (self.fc2.weight, self.fc2.bias)))
 
 
