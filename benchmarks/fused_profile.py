@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fused_mode import MODELS  # noqa: E402
 
 
-def build(name: str, channels_last: bool, fused: bool) -> nn.Module:
+def build(name: str, channels_last: bool, fused: bool, only=None) -> nn.Module:
     ref, kwargs = MODELS.get(name, (name, {}))     # else any zoo name or file.py:factory
     torch.manual_seed(0)
     model = resolve_model(ref).build(**kwargs).train()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return fuse(model, "train", "cpu").model if fused else model
+    return fuse(model, "train", "cpu", only=only).model if fused else model
 
 
 KERNEL_MODULES = ("act", "bn_act", "dwconv", "ln2d")   # the C++ families the fuser calls

@@ -19,22 +19,23 @@ whose fused modules the walk does not enter; no graph pattern absorbs a depthwis
 ORDER below is the order fusions are tried in (TransformerEngine's `ops/fused/__init__.py`
 idea; a module a fusion replaced is not visited again): se_gate and bn_silu come before silu_me
 because they match on the nn.SiLU inside their block, which silu_me would otherwise replace
-first. Adding a fusion = one file in fusions/ plus its name here."""
+first. se_project comes after se_gate and bn_train: it matches the MBConv around their fused
+modules and keeps them as its children. Adding a fusion = one file in fusions/ plus its name here."""
 from __future__ import annotations
 
 import torch.nn as nn
 
 from fusebench.fuse.fusions import (bn_silu, bn_train, conv_bn_fold,  # noqa: F401
                                     conv_bn_fold_seq, dwconv, fx_bn_act, fx_fold, fx_ln2d, fx_ln_linear, fx_mlp, fx_se,
-                                    ln2d, mlp_bias_gelu, se_gate, silu_me)
+                                    ln2d, mlp_bias_gelu, se_gate, se_project, silu_me)
 from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
 from fusebench.fuse.walk import FuseResult, GraphPass, fuse_in_order, unfused_leaves
 
 ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate", "bn_silu",
-                          "bn_train", "mlp_bias_gelu", "ln2d", "silu_me")
+                          "bn_train", "se_project", "mlp_bias_gelu", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
-GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_gate", "bn_act", "mlp",
+GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "se_project", "se_gate", "bn_act", "mlp",
                                 "conv_bn_fold_fx", "ln_linear")
 OPT_IN: tuple[str, ...] = ("ln_linear",)   # more work for less memory: reported, fused on request
 assert set(ORDER) == set(FUSIONS.names()), "every bundled fusion is listed in ORDER once"

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import BnActImpl, Pure
+from fusebench.fuse.conv1x1 import run_conv
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.recompute import tag
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
@@ -111,7 +112,7 @@ class FusedConvBNSiLU(FusedModule):
         self.conv, self.bn, self._silu, self._impl = src.conv, src.bn, silu, impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv(x)
+        c = run_conv(self.conv, x)               # a 1x1 conv: a GEMM on channels-last
         bn = self.bn
         if not (bn.training and bn.track_running_stats and bn.affine):
             return F.silu(bn(c))

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from fusebench.fuse.binding import BnActImpl, Pure
+from fusebench.fuse.conv1x1 import run_conv
 from fusebench.fuse.fusions.bn_silu import train_bn_act
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvBNAct
@@ -27,7 +28,10 @@ class FusedConvBN(FusedModule):
         self.conv, self.bn, self._impl = src.conv, src.bn, impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv(x)
+        return self.after_conv(run_conv(self.conv, x))    # a 1x1 conv: a GEMM on channels-last
+
+    def after_conv(self, c: torch.Tensor) -> torch.Tensor:
+        """The BN on the conv's output c (se_project computes c itself)."""
         bn = self.bn
         if not (bn.training and bn.track_running_stats and bn.affine):
             return bn(c)

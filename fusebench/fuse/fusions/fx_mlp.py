@@ -13,6 +13,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from fusebench.fuse.binding import Pure
+from fusebench.fuse.conv1x1 import channels_last, conv1x1
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
@@ -32,33 +33,17 @@ def _linear_bwd(dy, x_like, w, has_bias):
         lambda g: (dy2.t() @ g.reshape(-1, g.shape[-1]), dy2.sum(0) if has_bias else None)
 
 
-def _channels_last(x) -> bool:
-    """x is a channels-last 4-D tensor (not also NCHW-contiguous): its (N, H, W, C) view is free."""
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
-        and not x.is_contiguous()
-
-
 def _conv1x1_bwd(dy, x_like, w, has_bias):
     """_linear_bwd's split for a 1x1 conv. On channels-last activations, GEMMs on their
     (N*H*W, C) views, which are free: two convolution_backward calls (dx, then dw / db) cost
     1.3x the single call at 8x160x40x40, the GEMMs 0.6x (1 thread; docs/fused.md, twelfth
     session); aten's backward as two calls otherwise."""
-    if _channels_last(x_like):
+    if channels_last(x_like):
         dx, weight_grads = _linear_bwd(dy.permute(0, 2, 3, 1), None, w.flatten(1), has_bias)
         return dx.permute(0, 3, 1, 2), \
             lambda g: _as_conv(weight_grads(g.permute(0, 2, 3, 1)), w)
     dx = conv_bwd(dy, x_like, w, False, mask=(True, False, False))[0]
     return dx, lambda g: conv_bwd(dy, g, w, has_bias, mask=(False, True, True))[1:]
-
-
-def conv1x1(x, w, b=None):
-    """A 1x1 conv (stride 1, no padding, groups 1) as a GEMM on a channels-last x's free
-    (N, H, W, C) view, y channels-last; F.conv2d otherwise. At 1 thread and batch < 16 aten
-    runs these convs as THNN's `_slow_conv2d`: the fused convnext_atto step 1.01-1.06x faster
-    with the GEMM (docs/fused.md, twelfth session)."""
-    if _channels_last(x):
-        return F.linear(x.permute(0, 2, 3, 1), w.flatten(1), b).permute(0, 3, 1, 2)
-    return F.conv2d(x, w, b)
 
 
 def _as_conv(grads, w):

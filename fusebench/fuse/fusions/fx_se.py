@@ -4,7 +4,10 @@
   reduce -> SiLU/ReLU/GELU -> expand: 1x1 nn.Conv2d or nn.Linear (with biases)
   gate:   sigmoid (module, torch.sigmoid or method), reshaped to (N, C, 1, 1) if needed, * x.
 The x-sized work is the gate (the se_gate act family bound for this fuse()); the rest is
-(N, C)-sized, with reduce/expand as matrix products on the flattened weights."""
+(N, C)-sized, with reduce/expand as matrix products on the flattened weights.
+se_project (train): the same SE whose only use is a pointwise nn.Conv2d, absorbed with it (a
+site counted as se_gate too); the gate folds into the conv's weights per image where that pays
+(fusions/se_project.py)."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +16,9 @@ import torch.nn as nn
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse import recompute
+from fusebench.fuse.conv1x1 import is_pointwise, run_conv
 from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.fusions.se_project import folds, se_project
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
@@ -90,9 +95,9 @@ def _reason(g, act, reduce, expand) -> str | None:
     return next((r for r in (_fc(reduce), _fc(expand)) if isinstance(r, str)), None)
 
 
-@register_pattern("se_gate", benches=("train", "infer"))
-def squeeze_excite(n, scope):
-    """pool -> reduce -> act -> expand -> sigmoid -> * x (convs or Linear) -> one Function."""
+def _match(n):
+    """(x, reduce, expand, (act kind, approximate), inner nodes) when n is `x * gate(SE(x))`;
+    a Miss (an SE no kernel here computes) or None otherwise."""
     ab = N.operands(n) if N.op(n) == "mul" else None
     for x, gate in (ab, ab[::-1]) if ab else ():
         g = _unbroadcast(gate)
@@ -107,7 +112,51 @@ def squeeze_excite(n, scope):
         reason = _reason(g, act, reduce, expand)
         if reason:
             return Miss("se_gate", reason)
-        inner = (g, gate, expand, act_node, reduce, N.x_of(reduce))
-        return Hit("se_gate", n, se_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx)),
-                   (x, Attr(reduce.target), Attr(expand.target)), inner)
+        return x, reduce, expand, act, (g, gate, expand, act_node, reduce, N.x_of(reduce))
     return None
+
+
+@register_pattern("se_gate", benches=("train", "infer"))
+def squeeze_excite(n, scope):
+    """pool -> reduce -> act -> expand -> sigmoid -> * x (convs or Linear) -> one Function."""
+    got = _match(n)
+    if not isinstance(got, tuple):
+        return got
+    x, reduce, expand, act, inner = got
+    return Hit("se_gate", n, se_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx)),
+               (x, Attr(reduce.target), Attr(expand.target)), inner)
+
+
+@register_pattern("se_project", benches=("train",))
+def squeeze_excite_project(n, scope):
+    """An SE whose only use is a pointwise conv -> one Function, the gate folded into the
+    conv's weights where that pays (tried before se_gate, at the same mul node)."""
+    proj = _projection(n)
+    got = _match(n) if proj is not None else None
+    if not isinstance(got, tuple):
+        return None                    # a Miss: se_gate, tried next, reports it
+    x, reduce, expand, act, inner = got
+    site = se_project_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx))
+    return Hit("se_project", proj, site, (x, Attr(reduce.target), Attr(expand.target),
+                                          Attr(proj.target)), (*inner, n), also=("se_gate",))
+
+
+def _projection(n):
+    """The pointwise nn.Conv2d that is n's only use, or None."""
+    u = N.single_user(n)
+    if u is None or N.op(u) != "conv2d" or N.x_of(u) is not n:
+        return None
+    return u if is_pointwise(N.module(u)) and len(u.args) == 1 and not u.kwargs else None
+
+
+def se_project_site(gate: Pure, act: Pure) -> Site:
+    """proj(SE(x)): se_project's folded Function where it `folds`, else the SE site's
+    Function and then the conv (a GEMM on channels-last)."""
+    se = se_kernel(gate, act)
+
+    def run(x, reduce, expand, proj):
+        if folds(x, proj.weight):
+            return se_project(x, reduce, expand, proj, act)
+        y = run_ops(se, x, ((reduce.weight, reduce.bias), (expand.weight, expand.bias)))
+        return run_conv(proj, y)
+    return Site("fused_se_project", run)

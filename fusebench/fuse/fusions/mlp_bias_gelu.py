@@ -11,7 +11,8 @@ import torch.nn as nn
 
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, conv1x1, mlp_backward
+from fusebench.fuse.conv1x1 import conv1x1
+from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, mlp_backward
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvMlp
 

@@ -1,0 +1,71 @@
+"""A/B a fusion (or the 1x1 convs' GEMM routing) inside a whole fused train step, in one process.
+
+    python benchmarks/fusion_ab.py --without se_project            # efficientnet_b0 cl, 2 threads
+    python benchmarks/fusion_ab.py --aten-1x1 --nchw --threads 1   # 1x1 convs: aten vs GEMMs
+
+Three models from one seed: fused with everything ("new"), fused without the fusions named in
+--without and/or with aten's 1x1 convs ("base"), and eager; train steps in rounds, each round
+in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
+Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
+the load average."""
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1
+from fusebench.measure.memory import pin_malloc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fused_profile import batch_of, build, step, step_parser  # noqa: E402
+
+
+def main() -> int:
+    ap = step_parser(__doc__)
+    ap.add_argument("--without", default="", help="fusions / graph patterns off on the base side")
+    ap.add_argument("--aten-1x1", action="store_true", help="base side: aten's 1x1 convs")
+    ap.add_argument("--rounds", type=int, default=8)
+    a = ap.parse_args()
+    off = {n for n in a.without.split(",") if n}
+    known = {*FUSIONS.names(), *PATTERNS.names()}
+    if off - known or not (off or a.aten_1x1):
+        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1",
+              file=sys.stderr)
+        return 2
+    pin_malloc()
+    torch.set_num_threads(a.threads)
+    x, target = batch_of(a)
+    cl = not a.nchw
+    only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
+    sides = {"base": (build(a.model, cl, True, only=only),
+                      conv1x1.aten_convs if a.aten_1x1 else contextlib.nullcontext),
+             "new": (build(a.model, cl, True), contextlib.nullcontext),
+             "eager": (build(a.model, cl, False), contextlib.nullcontext)}
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    names, load0 = list(sides), os.getloadavg()[0]
+    for r in range(a.warmup + a.rounds):
+        for k in names[r % 3:] + names[:r % 3]:
+            model, within = sides[k]
+            with within():
+                t0 = time.perf_counter()
+                step(model, x, target)
+                t = time.perf_counter() - t0
+            if r >= a.warmup:
+                times[k].append(t)
+    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1)])
+    print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
+          + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
+          + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"
+          f" (medians of {a.rounds}); load {load0:.2f} -> {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
