@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fused_profile import batch_of, build, step, step_parser  # noqa: E402
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = step_parser(__doc__)
     ap.add_argument("--without", default="", help="fusions / graph patterns off on the base side")
     ap.add_argument("--aten-1x1", action="store_true", help="base side: aten's 1x1 convs")
     ap.add_argument("--rounds", type=int, default=8)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
     if off - known or not (off or a.aten_1x1):

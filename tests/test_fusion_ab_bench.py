@@ -1,0 +1,21 @@
+"""benchmarks/fusion_ab.py: a bad fusion name is one line and exit 2; a tiny A/B prints the
+three medians and the ratios, the base side built without the named fusion."""
+from tests.helpers import load_benchmark
+
+
+def test_an_unknown_fusion_is_one_line_and_exit_2(capsys):
+    assert load_benchmark("fusion_ab").main(["--without", "no_such_fusion"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no_such_fusion" not in err and "se_project" in err
+
+
+def test_a_tiny_ab_runs_both_sides(capsys, monkeypatch):
+    bench = load_benchmark("fusion_ab")
+    built = []
+    real = bench.build
+    monkeypatch.setattr(bench, "build", lambda *a, **k: built.append(k.get("only")) or real(*a, **k))
+    assert bench.main(["--without", "se_project", "--aten-1x1", "--img", "32", "--batch", "2",
+                       "--rounds", "1", "--warmup", "0", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "base/new" in out and "without se_project, aten 1x1" in out
+    assert "se_project" not in built[0] and "se_gate" in built[0] and built[1:] == [None, None]
