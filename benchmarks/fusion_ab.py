@@ -2,12 +2,15 @@
 
     python benchmarks/fusion_ab.py --without se_project            # efficientnet_b0 cl, 2 threads
     python benchmarks/fusion_ab.py --aten-1x1 --nchw --threads 1   # 1x1 convs: aten vs GEMMs
+    python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
 
 Three models from one seed: fused with everything ("new"), fused without the fusions named in
 --without and/or with aten's 1x1 convs ("base"), and eager; train steps in rounds, each round
 in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
 Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
-the load average."""
+the load average. Both fused sides take NCHW input as given (fused mode's channels-last
+inside, fuse/layout.py, is not applied) unless --keep-layout, which A/Bs exactly that: base keeps
+NCHW, new runs channels-last inside."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1
+from fusebench.fuse.layout import ChannelsLastInside
 from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,36 +34,43 @@ def main(argv=None) -> int:
     ap = step_parser(__doc__)
     ap.add_argument("--without", default="", help="fusions / graph patterns off on the base side")
     ap.add_argument("--aten-1x1", action="store_true", help="base side: aten's 1x1 convs")
+    ap.add_argument("--keep-layout", action="store_true",
+                    help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
-    if off - known or not (off or a.aten_1x1):
-        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1",
-              file=sys.stderr)
+    if off - known or not (off or a.aten_1x1 or a.keep_layout):
+        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1 or "
+              "--keep-layout", file=sys.stderr)
+        return 2
+    if a.keep_layout and not a.nchw:
+        print("fusion_ab: --keep-layout A/Bs NCHW input: add --nchw", file=sys.stderr)
         return 2
     pin_malloc()
     torch.set_num_threads(a.threads)
     x, target = batch_of(a)
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
-    sides = {"base": (build(a.model, cl, True, only=only),
-                      conv1x1.aten_convs if a.aten_1x1 else contextlib.nullcontext),
-             "new": (build(a.model, cl, True), contextlib.nullcontext),
-             "eager": (build(a.model, cl, False), contextlib.nullcontext)}
+    base, new = build(a.model, cl, True, only=only), build(a.model, cl, True)
+    sides = {"base": (base, conv1x1.aten_convs if a.aten_1x1 else contextlib.nullcontext, None),
+             "new": (new, contextlib.nullcontext,
+                     ChannelsLastInside(new) if a.keep_layout else None),
+             "eager": (build(a.model, cl, False), contextlib.nullcontext, None)}
     times: dict[str, list[float]] = {k: [] for k in sides}
     names, load0 = list(sides), os.getloadavg()[0]
     for r in range(a.warmup + a.rounds):
         for k in names[r % 3:] + names[:r % 3]:
-            model, within = sides[k]
+            model, within, call = sides[k]
             with within():
                 t0 = time.perf_counter()
-                step(model, x, target)
+                step(model, x, target, call)
                 t = time.perf_counter() - t0
             if r >= a.warmup:
                 times[k].append(t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1)])
+    what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
+                      *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"

@@ -38,13 +38,14 @@ def autograd_nodes(y):
         stack.extend(n for n, _ in node.next_functions)
 
 
-def assert_matches_eager(model, ref, inputs, tol=1e-9):
-    """One forward + backward of model and its eager reference on the same inputs: outputs and
-    every parameter's gradient agree within tol. Returns the model's output."""
+def assert_matches_eager(model, ref, inputs, tol=1e-9, call=None):
+    """One forward + backward of model (through `call`, e.g. a mode's prepared callable, when
+    given) and its eager reference on the same inputs: outputs and every parameter's gradient
+    agree within tol. Returns the model's output."""
     import torch
 
     from fusebench.measure import correctness as corr
-    y, r = model(*inputs), ref(*inputs)
+    y, r = (call or model)(*inputs), ref(*inputs)
     torch.testing.assert_close(y, r, atol=tol, rtol=tol)
     y.square().mean().backward()
     r.square().mean().backward()

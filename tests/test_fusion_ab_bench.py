@@ -19,3 +19,16 @@ def test_a_tiny_ab_runs_both_sides(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "base/new" in out and "without se_project, aten 1x1" in out
     assert "se_project" not in built[0] and "se_gate" in built[0] and built[1:] == [None, None]
+
+
+def test_keep_layout_ab_runs_channels_last_inside_on_the_new_side(capsys, monkeypatch):
+    bench = load_benchmark("fusion_ab")
+    assert bench.main(["--keep-layout"]) == 2          # NCHW only: one line, exit 2
+    assert "--nchw" in capsys.readouterr().err
+    calls = []
+    real = bench.ChannelsLastInside
+    monkeypatch.setattr(bench, "ChannelsLastInside",
+                        lambda m: calls.append(m) or real(m))
+    assert bench.main(["--keep-layout", "--nchw", "--img", "32", "--batch", "2", "--rounds", "1",
+                       "--warmup", "0", "--threads", "1"]) == 0
+    assert "NCHW kept" in capsys.readouterr().out and len(calls) == 1

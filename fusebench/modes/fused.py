@@ -21,6 +21,10 @@ class Fused(Mode):
                    "conv+BN folding for inference")
 
     options = (
+        ModeOption("fused_layout", str, choices=("auto", "channels_last", "keep"), default="auto",
+                   help="fused: run NCHW image inputs channels-last inside (converted at each "
+                        "call, 4-D outputs converted back): auto (where a BN+act site fired), "
+                        "channels_last, keep."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -29,11 +33,13 @@ class Fused(Mode):
 
     def __init__(self):
         self._rewritten = False
+        self._channels_last = False    # decided in rewrite, applied to prepare's callable
 
     def rewrite(self, model, example_inputs, options, events):
         """Apply the fusions. Called by prepare, or before a distributed wrapper is built (the
         wrapper must record the fused modules' Parameters, not the replaced ones)."""
         from fusebench.fuse import fuse
+        from fusebench.fuse.layout import decide
         bench = options.get("bench", "train")
         opt_in = ("ln_linear",) if self.opts(options)["fused_ln_linear"] else ()
         result = fuse(model, bench, device_of(model, example_inputs), opt_in=opt_in)
@@ -47,14 +53,20 @@ class Fused(Mode):
             listed = ", ".join(f"{t} x{n}" for t, n in result.unfused.most_common())
             events.add("unfused", "fuser", f"left unfused: {listed}",
                        count=sum(result.unfused.values()))
+        layout = decide(self.opts(options)["fused_layout"], result.sites, result.model,
+                        example_inputs)
+        if layout.category:
+            events.add(layout.category, "fuser", layout.message)
+        self._channels_last = layout.inside
         self._rewritten = True
         return result.model
 
     def prepare(self, model, example_inputs, options, events):
-        if self._rewritten:        # already fused before the distributed wrapper was built
-            self._rewritten = False
-            return model
-        model = self.rewrite(model, example_inputs, options, events)
+        if not self._rewritten:    # else fused before the distributed wrapper was built
+            model = self.rewrite(model, example_inputs, options, events)
         self._rewritten = False
-        return model
+        if not self._channels_last:
+            return model
+        from fusebench.fuse.layout import ChannelsLastInside
+        return ChannelsLastInside(model)
 

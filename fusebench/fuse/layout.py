@@ -1,0 +1,103 @@
+"""Channels-last inside: a fused model given NCHW images runs its activations channels-last.
+
+The bundled BN + act, SE and depthwise kernels and the 1x1 convs as GEMMs (conv1x1.py) are
+fastest on channels-last data, whose (N, H, W, C) view is free; fed NCHW, the fused blocks
+either run their slower NCHW paths or keep aten's convs. Converting the 4-D image inputs at the
+call (a copy of the input, paid inside every timed step) makes every conv after it produce
+channels-last output, so the whole fused network runs as in a `--channels-last` cell. 4-D
+outputs go back to the caller's NCHW layout, so the caller sees the same values and strides.
+In-process, fused NCHW without / with it (b8, 160 px, train, this 2-core CPU; docs/fused.md,
+fourteenth session): EfficientNet 1.19-1.39x, ConvNeXt 0.97-1.03x (noise: its stem already
+hands channels-last data to the blocks). So `auto` turns it on where a BN-family site fired.
+
+The rewrite is checked before it is used: one forward under no_grad on the example inputs
+(buffers and RNG restored after), because user code written for NCHW (`x.view(n, c, -1)`)
+fails on a channels-last tensor. A model that fails it keeps its layout, and says why."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from fusebench.errors import describe
+
+# sites whose kernels were measured faster on channels-last data (the module docstring)
+PREFERS_CHANNELS_LAST = frozenset({"bn_act", "bn_silu", "bn_train"})
+
+
+def nchw_image(t) -> bool:
+    """A 4-D float tensor in NCHW layout (not already channels-last; C > 1)."""
+    return (torch.is_tensor(t) and t.dim() == 4 and t.is_floating_point() and t.shape[1] > 1
+            and t.is_contiguous() and not t.is_contiguous(memory_format=torch.channels_last))
+
+
+def _to_cl(t):
+    return t.contiguous(memory_format=torch.channels_last) if nchw_image(t) else t
+
+
+def _to_nchw(t):
+    return t.contiguous() if torch.is_tensor(t) and t.dim() == 4 else t
+
+
+@dataclass(frozen=True)
+class ChannelsLastInside:
+    """fn(*args) with its NCHW image args converted to channels-last and, where any was, its
+    4-D outputs back to NCHW (a tuple or list of outputs elementwise; others as they are)."""
+    fn: Callable
+
+    def __call__(self, *args, **kwargs):
+        if not any(map(nchw_image, (*args, *kwargs.values()))):
+            return self.fn(*args, **kwargs)
+        out = self.fn(*map(_to_cl, args), **{k: _to_cl(v) for k, v in kwargs.items()})
+        if isinstance(out, (tuple, list)):
+            return type(out)(_to_nchw(o) for o in out)
+        return _to_nchw(out)
+
+
+@dataclass(frozen=True)
+class Layout:
+    inside: bool          # run channels-last inside
+    category: str = ""    # the event: "" for none
+    message: str = ""
+
+
+def decide(choice: str, sites, model: nn.Module, example_inputs: tuple) -> Layout:
+    """Whether to run channels-last inside, for layout option `choice` after fuse() fired
+    `sites`, and the event that says so (a fusion, a kept layout, or a fallback)."""
+    if choice == "keep":
+        return Layout(False, "info", "layout kept (fused_layout=keep)")
+    if not any(nchw_image(x) for x in example_inputs):
+        return Layout(False)                  # nothing to convert: nothing to say
+    if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        return Layout(False)                  # a kernel's module, not a network: nothing to say
+    fired = sorted(PREFERS_CHANNELS_LAST & set(sites))
+    if choice == "auto" and not fired:
+        return Layout(False, "info", "layout kept NCHW: no channels-last-preferring site fired "
+                      f"({', '.join(sorted(PREFERS_CHANNELS_LAST))}); fused_layout="
+                      "channels_last forces it")
+    err = trial_error(model, example_inputs)
+    if err:
+        return Layout(False, "fallback",
+                      f"layout kept NCHW: the model fails on channels-last input ({err})")
+    why = f"{', '.join(fired)} sites" if choice == "auto" else "fused_layout=channels_last"
+    return Layout(True, "fusion", "channels-last inside: NCHW image inputs converted at each "
+                  f"call, 4-D outputs converted back ({why})")
+
+
+def trial_error(model: nn.Module, example_inputs: tuple) -> str | None:
+    """None if model runs on the channels-last example inputs, else the error's first line.
+    No grad; the buffers (BN running stats) and the RNG are as before afterwards."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    devices = [x.device for x in example_inputs if torch.is_tensor(x) and x.is_cuda]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices[:1]):
+            ChannelsLastInside(model)(*example_inputs)
+        return None
+    except Exception as e:   # any failure keeps the user's layout; the message says which
+        return describe(e, 200)
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])

@@ -1,0 +1,161 @@
+"""Channels-last inside (fuse/layout.py): a fused model fed NCHW images runs its blocks on
+channels-last data where a BN-family site fired, says so as an event, matches float64 eager in
+forward and gradients, hands 4-D outputs back in NCHW, and keeps the user's layout (with the
+reason) where the option, the sites or the model's own code say no."""
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fusebench.fuse import layout
+from fusebench.fuse.rule import FusedModule
+from fusebench.measure.events import EventLog
+from fusebench.modes import get_mode
+from fusebench.models.source import resolve_model
+from tests.helpers import assert_matches_eager
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import tv_efficientnet  # noqa: E402
+
+
+def image(c=3, hw=32):
+    return torch.randn(2, c, hw, hw, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(1))
+
+
+def prepared(model, inputs, **options):
+    events = EventLog()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # dwconv's "aten kept at this shape" notes
+        fn = get_mode("fused").prepare(model, inputs, {"bench": "train", **options}, events)
+    return fn, [(e.category, e.message) for e in events.events()]
+
+
+def layout_of(x) -> str:
+    nchw, cl = x.is_contiguous(), x.is_contiguous(memory_format=torch.channels_last)
+    return "both" if nchw and cl else "nchw" if nchw else "cl" if cl else "strided"
+
+
+def layouts_seen(model) -> list[str]:
+    """A pre-hook on every fused module and conv records its input's layout ("both" for 1x1
+    maps); a graph site's absorbed modules are not called, its module's own forward is."""
+    seen: list[str] = []
+    for m in model.modules():
+        if isinstance(m, (FusedModule, nn.Conv2d)):
+            m.register_forward_pre_hook(lambda _m, args: seen.append(layout_of(args[0])))
+    return seen
+
+
+class ViewsNCHW(nn.Module):
+    """User code written for NCHW: `.view` on the conv's output fails on channels-last data."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.act = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU()
+        self.head = nn.Linear(8 * 16 * 16, 4)
+
+    def forward(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        return self.head(y.view(y.shape[0], -1))
+
+
+class Dense(nn.Module):
+    """A dense-prediction head: returns a 4-D map, which must come back NCHW."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(),
+                                  nn.Conv2d(8, 2, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+# name -> (factory of a train-mode model with a BN-family site, image size): the zoo's
+# EfficientNet at 64 px (at 32 px it ends in BN over 2 values per channel, where eager itself
+# turns a 1e-15 change of x into 1e-7 at the output: test_fuser.py)
+MODELS = {
+    "efficientnet_zoo": (lambda: resolve_model("efficientnet_b0").build(), 64),
+    "tv_efficientnet": (tv_efficientnet.make, 32),
+    "dense_head": (Dense, 32),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_runs_channels_last_inside_and_matches_float64_eager(name):
+    torch.manual_seed(0)
+    factory, hw = MODELS[name]
+    model = factory().double().train()
+    ref = copy.deepcopy(model)
+    fn, events = prepared(model, (image(hw=hw),))
+    assert isinstance(fn, layout.ChannelsLastInside)
+    assert any(c == "fusion" and m.startswith("channels-last inside") for c, m in events), events
+    seen = layouts_seen(model)
+    y = assert_matches_eager(model, ref, (image(hw=hw),), call=fn)
+    assert "cl" in seen and "nchw" not in seen, seen  # every fused block got channels-last x
+    if y.dim() == 4:                                   # the caller's layout comes back
+        assert y.is_contiguous()
+
+
+def test_keep_runs_the_users_layout():
+    model = resolve_model("efficientnet_b0").build().double().train()
+    fn, events = prepared(model, (image(),), fused_layout="keep")
+    assert fn is model
+    assert ("info", "layout kept (fused_layout=keep)") in events
+    seen = layouts_seen(model)
+    fn(image())
+    assert "nchw" in seen and "cl" not in seen, seen
+
+
+def test_auto_keeps_nchw_without_a_bn_site_and_the_option_forces_it():
+    build = lambda: resolve_model("convnext_atto").build().double().train()   # noqa: E731
+    fn, events = prepared(build(), (image(),))
+    assert not isinstance(fn, layout.ChannelsLastInside)
+    assert any(c == "info" and "no channels-last-preferring site" in m for c, m in events)
+    fn, events = prepared(build(), (image(),), fused_layout="channels_last")
+    assert isinstance(fn, layout.ChannelsLastInside)
+    assert any("fused_layout=channels_last" in m for _, m in events)
+
+
+def test_a_model_that_fails_on_channels_last_keeps_its_layout_and_says_why():
+    torch.manual_seed(0)
+    model = ViewsNCHW().double().train()
+    ref = copy.deepcopy(model)
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    fn, events = prepared(model, (image(hw=16),))
+    assert fn is model                               # NCHW kept, not a broken cell
+    fallback = [m for c, m in events if c == "fallback"]
+    assert fallback and "fails on channels-last input (RuntimeError" in fallback[0], events
+    for n, b in model.named_buffers():               # the trial left no trace in BN's stats
+        assert torch.equal(b, before[n]), n
+    assert_matches_eager(model, ref, (image(hw=16),), call=fn)
+
+
+def test_nothing_to_convert_says_nothing():
+    model = resolve_model("efficientnet_b0").build().train()
+    x = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    fn, events = prepared(model, (x,))
+    assert fn is model and not any("layout" in m or "channels-last inside" in m
+                                   for _, m in events)
+
+
+@pytest.mark.parametrize("t, converted", [
+    (torch.randn(2, 3, 4, 4), True),
+    (torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last), False),
+    (torch.randn(2, 1, 4, 4), False),                 # one channel: both layouts are the same
+    (torch.randint(0, 9, (2, 3, 4, 4)), False),       # not an image of floats
+    (torch.randn(2, 3, 4), False),
+])
+def test_only_nchw_float_images_are_converted(t, converted):
+    seen = []
+    got = layout.ChannelsLastInside(lambda x: seen.append(x) or x)(t)
+    assert layout.nchw_image(t) is converted
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) is (
+        converted or seen[0] is t and t.is_contiguous(memory_format=torch.channels_last))
+    assert torch.equal(got, t) and got.stride() == t.stride()    # the caller's layout back
