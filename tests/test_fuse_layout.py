@@ -159,3 +159,9 @@ def test_only_nchw_float_images_are_converted(t, converted):
     assert seen[0].is_contiguous(memory_format=torch.channels_last) is (
         converted or seen[0] is t and t.is_contiguous(memory_format=torch.channels_last))
     assert torch.equal(got, t) and got.stride() == t.stride()    # the caller's layout back
+
+
+def test_auto_keeps_nchw_off_the_cpu_it_was_measured_on():
+    model = resolve_model("efficientnet_b0").build().train()
+    got = layout.decide("auto", {"bn_silu": 3}, model, (torch.randn(2, 3, 32, 32),), "cuda:0")
+    assert not got.inside and got.category == "info" and "measured on CPU only" in got.message

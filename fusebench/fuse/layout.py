@@ -8,7 +8,8 @@ channels-last output, so the whole fused network runs as in a `--channels-last` 
 outputs go back to the caller's NCHW layout, so the caller sees the same values and strides.
 In-process, fused NCHW without / with it (b8, 160 px, train, this 2-core CPU; docs/fused.md,
 fourteenth session): EfficientNet 1.19-1.39x, ConvNeXt 0.97-1.03x (noise: its stem already
-hands channels-last data to the blocks). So `auto` turns it on where a BN-family site fired.
+hands channels-last data to the blocks). So `auto` turns it on where a BN-family site fired,
+on CPU (not yet measured on a GPU: there `auto` keeps NCHW and says so).
 
 The rewrite is checked before it is used: one forward under no_grad on the example inputs
 (buffers and RNG restored after), because user code written for NCHW (`x.view(n, c, -1)`)
@@ -63,9 +64,10 @@ class Layout:
     message: str = ""
 
 
-def decide(choice: str, sites, model: nn.Module, example_inputs: tuple) -> Layout:
+def decide(choice: str, sites, model: nn.Module, example_inputs: tuple,
+           device: str = "cpu") -> Layout:
     """Whether to run channels-last inside, for layout option `choice` after fuse() fired
-    `sites`, and the event that says so (a fusion, a kept layout, or a fallback)."""
+    `sites` for `device`, and the event that says so (a fusion, a kept layout, a fallback)."""
     if choice == "keep":
         return Layout(False, "info", "layout kept (fused_layout=keep)")
     if not any(nchw_image(x) for x in example_inputs):
@@ -73,6 +75,9 @@ def decide(choice: str, sites, model: nn.Module, example_inputs: tuple) -> Layou
     if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
         return Layout(False)                  # a kernel's module, not a network: nothing to say
     fired = sorted(PREFERS_CHANNELS_LAST & set(sites))
+    if choice == "auto" and not device.startswith("cpu"):
+        return Layout(False, "info", f"layout kept NCHW: channels-last inside is measured on "
+                      f"CPU only, not on {device}; fused_layout=channels_last forces it")
     if choice == "auto" and not fired:
         return Layout(False, "info", "layout kept NCHW: no channels-last-preferring site fired "
                       f"({', '.join(sorted(PREFERS_CHANNELS_LAST))}); fused_layout="

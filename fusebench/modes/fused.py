@@ -21,10 +21,11 @@ class Fused(Mode):
                    "conv+BN folding for inference")
 
     options = (
-        ModeOption("fused_layout", str, choices=("auto", "channels_last", "keep"), default="auto",
+        ModeOption("fused_layout", str, choices=("auto", "channels_last", "keep"),
+                   default="auto",
                    help="fused: run NCHW image inputs channels-last inside (converted at each "
-                        "call, 4-D outputs converted back): auto (where a BN+act site fired), "
-                        "channels_last, keep."),
+                        "call, 4-D outputs converted back): auto (on CPU, where a BN+act site "
+                        "fired), channels_last, keep."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -42,7 +43,8 @@ class Fused(Mode):
         from fusebench.fuse.layout import decide
         bench = options.get("bench", "train")
         opt_in = ("ln_linear",) if self.opts(options)["fused_ln_linear"] else ()
-        result = fuse(model, bench, device_of(model, example_inputs), opt_in=opt_in)
+        device = device_of(model, example_inputs)
+        result = fuse(model, bench, device, opt_in=opt_in)
         for category, msg in result.notes:
             events.add(category, "fuser", msg)
         for fusion, n in result.sites.items():
@@ -54,7 +56,7 @@ class Fused(Mode):
             events.add("unfused", "fuser", f"left unfused: {listed}",
                        count=sum(result.unfused.values()))
         layout = decide(self.opts(options)["fused_layout"], result.sites, result.model,
-                        example_inputs)
+                        example_inputs, device)
         if layout.category:
             events.add(layout.category, "fuser", layout.message)
         self._channels_last = layout.inside
