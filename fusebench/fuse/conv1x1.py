@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusebench.fuse.fx.nodes import hooked
+from fusebench.fuse.fx.nodes import hooked, not_pointwise
 
 
 _state = {"aten": False}
@@ -37,8 +37,7 @@ def channels_last(x) -> bool:
 
 def is_pointwise(m: nn.Module) -> bool:
     """m is a plain nn.Conv2d that computes a 1x1 GEMM over channels (no hook to bypass)."""
-    return (type(m) is nn.Conv2d and m.kernel_size == (1, 1) and m.stride == (1, 1)
-            and m.groups == 1 and m.padding in ((0, 0), "valid") and not hooked(m))
+    return type(m) is nn.Conv2d and not_pointwise(m) is None and not hooked(m)
 
 
 def conv1x1(x, w, b=None):

@@ -166,16 +166,22 @@ def hooked(m: nn.Module) -> bool:
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+def not_pointwise(conv: nn.Conv2d) -> str | None:
+    """Why conv is not a GEMM over channels (1x1, stride 1, groups 1, no padding); None if it is."""
+    if conv.kernel_size != (1, 1) or conv.stride != (1, 1) or conv.groups != 1 \
+            or conv.padding not in ((0, 0), "valid") or conv.padding_mode != "zeros":
+        return "conv is not 1x1 / stride 1 / groups 1 / no padding"
+    return None
+
+
 def fc(n):
     """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
     kind, m = op(n), module(n)
     if kind not in ("linear", "conv2d"):
         return None
     if m is not None:
-        if kind == "conv2d" and (m.kernel_size != (1, 1) or m.stride != (1, 1) or m.groups != 1
-                                 or m.padding not in ((0, 0), "valid")
-                                 or m.padding_mode != "zeros"):
-            return "conv is not 1x1 / stride 1 / groups 1 / no padding"
+        if kind == "conv2d" and not_pointwise(m):
+            return not_pointwise(m)
         if type(m) not in (nn.Linear, nn.Conv2d):
             return None
         return kind, x_of(n), f"{n.target}.weight", \
