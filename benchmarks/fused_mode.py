@@ -189,9 +189,13 @@ def _print_cell(model, layout, threads, rec, load: float, warm: bool) -> None:
     st, mode = rec.step_ms, rec.spec.mode
     comp = (f"{rec.compile_s:6.1f} s{' warm' if warm else ''}" if mode == "compile"
             and rec.compile_s else "")
+    # minor page faults per timed step: glibc's heap history makes them differ 5x between
+    # processes of one cell, and the step time with them (docs/fused.md, fourteenth session)
+    faults = (rec.extra or {}).get("rusage", {}).get("minflt")
     print(f"{model:17} {layout:4} T{threads} {mode:8} {rec.status:8} "
           f"{st.median if st else float('nan'):9.1f} ms (IQR {st.iqr if st else 0:6.1f})  "
-          f"act {(rec.activation_bytes or 0) / 1e6:8.1f} MB  {_correct(rec):7} "
+          f"act {(rec.activation_bytes or 0) / 1e6:8.1f} MB  "
+          f"faults/step {'-' if faults is None else f'{faults:6.0f}'}  {_correct(rec):7} "
           f"load {load:5.2f}{'  LOADED' if load > LOAD_WARN else ''}  {comp}"
           + (f"  {rec.error.message[:80]}" if rec.error else ""), flush=True)
 

@@ -73,3 +73,12 @@ def test_quick_smoke_runs_every_cell(tmp_path):
     verdicts = [ln.split()[0] for ln in lines if ln.startswith("  ") and " T1 " in ln]
     assert verdicts and set(verdicts) <= {"PASS", "FAIL", "n/a"}
     assert "correctness" in out.stdout and (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("extra, shown", [({"rusage": {"minflt": 28359.2}}, "faults/step  28359"),
+                                          ({}, "faults/step -")])
+def test_cell_line_shows_the_page_faults_per_step(extra, shown, capsys):
+    from tests.factories import model_record
+    rec = model_record("efficientnet_b0", "fused", extra=extra)
+    _bench()._print_cell("efficientnet_b0", "cl", 2, rec, 0.5, False)
+    assert shown in capsys.readouterr().out
