@@ -165,3 +165,12 @@ def test_auto_keeps_nchw_off_the_cpu_it_was_measured_on():
     model = resolve_model("efficientnet_b0").build().train()
     got = layout.decide("auto", {"bn_silu": 3}, model, (torch.randn(2, 3, 32, 32),), "cuda:0")
     assert not got.inside and got.category == "info" and "measured on CPU only" in got.message
+
+
+@pytest.mark.parametrize("wrap", [lambda y: y, lambda y: (y, 1), lambda y: [y],
+                                  lambda y: {"map": y, "n": 1}])
+def test_4d_outputs_come_back_nchw_in_containers(wrap):
+    x = torch.randn(2, 3, 4, 4)
+    out = layout.ChannelsLastInside(lambda t: wrap(t * 2))(x)
+    y = out if torch.is_tensor(out) else (out["map"] if isinstance(out, dict) else out[0])
+    assert torch.equal(y, x * 2) and y.is_contiguous()

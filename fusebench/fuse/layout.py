@@ -45,14 +45,17 @@ def _to_nchw(t):
 @dataclass(frozen=True)
 class ChannelsLastInside:
     """fn(*args) with its NCHW image args converted to channels-last and, where any was, its
-    4-D outputs back to NCHW (a tuple or list of outputs elementwise; others as they are)."""
+    4-D outputs back to NCHW (a tuple, list or dict of outputs elementwise; a named tuple or
+    other container as it is)."""
     fn: Callable
 
     def __call__(self, *args, **kwargs):
         if not any(map(nchw_image, (*args, *kwargs.values()))):
             return self.fn(*args, **kwargs)
         out = self.fn(*map(_to_cl, args), **{k: _to_cl(v) for k, v in kwargs.items()})
-        if isinstance(out, (tuple, list)):
+        if isinstance(out, dict):
+            return type(out)((k, _to_nchw(v)) for k, v in out.items())
+        if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
             return type(out)(_to_nchw(o) for o in out)
         return _to_nchw(out)
 
