@@ -165,3 +165,31 @@ def test_an_output_changed_in_place_is_saved_not_rebuilt():
     y, err = train_step(model, ref, torch.randn(2, 4, 6, 6, dtype=torch.float64))
     (node,) = dw_nodes(y)
     assert node.recompute is None and err < 1e-9
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_fused_mode_saves_by_default_and_rebuilds_on_request(rebuild, monkeypatch):
+    """The mode's `fused_recompute` (default off): every consumer saves its input (none has a
+    recipe) or rebuilds it (all do), an event says which, and both match float64 eager."""
+    from fusebench.fuse.fusions import dwconv as dwconv_fusion
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    monkeypatch.setattr(dwconv_fusion, "passes_for", lambda *a: dwconv_fusion.GRAD_WEIGHT)
+    model = make("zoo").to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last)
+    events = EventLog()
+    fn = get_mode("fused").prepare(model, (x,), {"bench": "train", "fused_recompute": rebuild},
+                                   events)
+    said = [e.message for e in events.events() if e.message.startswith("recompute")]
+    assert len(said) == 1 and ("rebuilt" in said[0]) is rebuild, said
+    y = fn(x)
+    recipes = [r for _, _, r in consumers(y)]
+    assert recipes and all((r is not None) is rebuild for r in recipes)
+    torch.testing.assert_close(y, ref(x), atol=1e-9, rtol=1e-9)
+    y.square().mean().backward()
+    ref(x).square().mean().backward()
+    got = {n: p.grad for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < 1e-9

@@ -26,6 +26,10 @@ class Fused(Mode):
                    help="fused: run NCHW image inputs channels-last inside (converted at each "
                         "call, 4-D outputs converted back): auto (on CPU, where a BN+act site "
                         "fired), channels_last, keep."),
+        ModeOption("fused_recompute", bool, default=False,
+                   help="fused: rebuild each fused BN+act output in backward instead of "
+                        "saving it (least activation memory; one more pass per rebuilt "
+                        "tensor, 5-9% slower per EfficientNet step on CPU; off by default)."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -35,6 +39,7 @@ class Fused(Mode):
     def __init__(self):
         self._rewritten = False
         self._channels_last = False    # decided in rewrite, applied to prepare's callable
+        self._saving = False           # likewise: recompute.Saving around the model
 
     def rewrite(self, model, example_inputs, options, events):
         """Apply the fusions. Called by prepare, or before a distributed wrapper is built (the
@@ -60,15 +65,29 @@ class Fused(Mode):
         if layout.category:
             events.add(layout.category, "fuser", layout.message)
         self._channels_last = layout.inside
+        self._saving = self._recompute_choice(result.sites, bench, options, events)
         self._rewritten = True
         return result.model
+
+    def _recompute_choice(self, sites, bench: str, options, events) -> bool:
+        """True: run the model with the rebuilds off (its BN+act outputs saved); says which."""
+        from fusebench.fuse.recompute import PRODUCERS
+        if bench != "train" or not PRODUCERS & set(sites):
+            return False
+        if self.opts(options)["fused_recompute"]:
+            events.add("info", "fuser", "recompute: fused BN+act outputs rebuilt in backward "
+                                        "where a consumer can (fused_recompute=True)")
+            return False
+        events.add("info", "fuser", "recompute off: fused BN+act outputs saved for backward "
+                                    "(--fused-recompute rebuilds them: less memory, slower)")
+        return True
 
     def prepare(self, model, example_inputs, options, events):
         if not self._rewritten:    # else fused before the distributed wrapper was built
             model = self.rewrite(model, example_inputs, options, events)
         self._rewritten = False
-        if not self._channels_last:
-            return model
         from fusebench.fuse.layout import ChannelsLastInside
-        return ChannelsLastInside(model)
+        from fusebench.fuse.recompute import Saving
+        call = Saving(model) if self._saving else model
+        return ChannelsLastInside(call) if self._channels_last else call
 
