@@ -7,6 +7,8 @@ The only package that knows both models and kernels.
   fusions/     one file per fusion: its rewrite, its fused module, its kernel
   walk.py      the model walk: fuse_in_order, unfused_leaves
   recompute.py a producer's output tagged with how to rebuild it: consumers save less
+               (fused mode's `fused_recompute`; off by default: Saving runs with the tags off)
+  layout.py    channels-last inside: NCHW image input converted at the call (fused mode)
   fx/          the graph pass: trace the model (per submodule where tracing fails) and match
                what the code computes, in several spellings (fusions/fx_*.py), not class names
 
