@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 
 from fusebench.errors import describe
-
-# sites whose kernels were measured faster on channels-last data (the module docstring)
-PREFERS_CHANNELS_LAST = frozenset({"bn_act", "bn_silu", "bn_train"})
+# the fused BN + act sites (the recompute producers): their kernels, and the dwconv / SE
+# consumers around them, were measured faster on channels-last data (the module docstring)
+from fusebench.fuse.recompute import PRODUCERS as PREFERS_CHANNELS_LAST
 
 
 def nchw_image(t) -> bool:

@@ -180,8 +180,8 @@ def fc(n):
     if kind not in ("linear", "conv2d"):
         return None
     if m is not None:
-        if kind == "conv2d" and not_pointwise(m):
-            return not_pointwise(m)
+        if kind == "conv2d" and (why := not_pointwise(m)):
+            return why
         if type(m) not in (nn.Linear, nn.Conv2d):
             return None
         return kind, x_of(n), f"{n.target}.weight", \
