@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusebench.measure.heap import DEFAULT_HEAP, HEAP_POLICIES
 from fusebench.run.runner import RunOptions, run_cells
 from fusebench.spec import CellSpec
 
@@ -116,6 +117,8 @@ def parse(argv):
     # one process per cell is not enough: eager efficientnet_b0 NCHW measured 533 and 693 ms in
     # two processes minutes apart on a quiet machine (docs/fused.md); the per-process medians
     # are averaged, as `fusebench run` does
+    ap.add_argument("--heap", choices=list(HEAP_POLICIES), default=None,
+                    help=f"glibc malloc policy (fusebench run --heap; default {DEFAULT_HEAP})")
     ap.add_argument("--repeat", type=int, default=3, help="worker processes per cell")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: batch 2, 64 px, 1+2 steps, eager+fused, 1 thread, no wait")
@@ -173,7 +176,8 @@ def run_group(args, model, layout, threads, cache: Path) -> list[tuple[str, obje
     specs = [CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
                                 model_kwargs=kwargs, channels_last=LAYOUTS[layout],
                                 warmup=args.warmup, steps=args.steps, threads=threads,
-                                timeout=1800.0, cache_dir=str(cache)) for mode in modes]
+                                timeout=1800.0, cache_dir=str(cache),
+                                **({"heap": args.heap} if args.heap else {})) for mode in modes]
     recs = run_cells(specs, opts=RunOptions(retry_oom=False, repeat=args.repeat),
                      show_progress=False)
     out = []

@@ -158,6 +158,8 @@ class CellSpec:
     timeout: float = 900.0
     cache_dir: str | None = None    # inductor/triton cache dir; None = worker makes a fresh one
     threads: int | None = None      # torch.set_num_threads in the worker; None = torch default
+    heap: str | None = None         # glibc malloc policy of a CPU cell (measure/heap.py); None:
+                                    # its default
 
     def __post_init__(self):
         if (self.model is None) == (self.kernel is None):
@@ -224,7 +226,7 @@ class CellSpec:
     def cell_key(self) -> tuple:
         """Everything that defines the configuration, but not the variant (mode / impl):
         records with equal keys are compared with each other. Run-only settings (warm-up,
-        steps, budget, seed, timeout, threads) are not part of it."""
+        steps, budget, seed, timeout, threads, heap) are not part of it."""
         key = (self.what.key(), self.channels_last, self.dtype, self.device)
         if self.kernel is not None:
             key += (("mode", self.mode),)

@@ -222,6 +222,8 @@ CONFLICTS = [
     (["--model-kwarg", "num_classes=ten"], "num_classes"),
     (["--out", "/dev/null/sub"], "--out"),
     (["--quick", "--steps", "0"], "--steps"),
+    (["--heap", "jemalloc"], "--heap"),
+    (["--heap", ""], "--heap"),
 ]
 
 

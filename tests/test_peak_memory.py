@@ -27,7 +27,7 @@ def test_library_pages_and_harness_leftovers_are_not_the_modes(monkeypatch):
     proc = _FakeProc(VmRSS=100_000, RssFile=40_000, VmHWM=100_000)
     monkeypatch.setattr(memory, "_status_kib", proc)
     monkeypatch.setattr(memory, "_reset_hwm", lambda: True)
-    monkeypatch.setattr(memory, "pin_malloc", lambda: True)
+    monkeypatch.setattr(memory, "pin_malloc", lambda *policy: True)
     mem = PeakMemory("cpu")
     mem.reset()                                       # baseline: 100 MB RSS, 40 MB of files
     with mem.excluded():                              # the correctness reference

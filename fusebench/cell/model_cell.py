@@ -198,6 +198,8 @@ def _timed(b: Built, step: Step, mem: PeakMemory, phase: Reporter, events: Event
         extra["contention"] = contention
         if is_contended(contention):
             events.add("contention", "fusebench", describe(contention))
+    if mem.heap_set is not None:       # CPU: the malloc policy the steps ran under
+        extra["heap"] = mem.heap if mem.heap_set else "libc default (no mallopt)"
     return Timed(samples, measured["peak"], mem.harness, extra)
 
 
@@ -214,7 +216,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         if not ok:
             return Record(b.spec, "unavailable", events=events.events(),
                           error=ErrorInfo("Unavailable", reason), params=b.params)
-        mem = PeakMemory(b.spec.device)
+        mem = PeakMemory(b.spec.device, b.spec.heap)
         mem.reset()
         phase("compile")
         first = _first_call(b, mode, events, mem)

@@ -15,6 +15,7 @@ import typer
 
 from fusebench.commands import add_command, choices, guarded
 from fusebench.dtypes import AMP_DTYPES, MODEL_DTYPES
+from fusebench.measure.heap import DEFAULT_HEAP, HEAP_POLICIES
 from fusebench.modes import MODES, list_modes
 from fusebench.modes.options import DIST_STRATEGIES, ModeOption, all_options
 from fusebench.run.plan import BENCHES, DEFAULT_BUDGET_S, RunRequest
@@ -60,6 +61,8 @@ SETTINGS = (   # --help order; the mode options follow --model-kwarg
     _p("model_kwarg", Optional[list[str]], None, typer.Option(
         "--model-kwarg", "-k", help="KEY=VALUE for the model factory (repeatable).")),
 )
+HEAP_HELP = "; ".join(f"{p.name}: {p.short}" + (" (default)" if p.name == DEFAULT_HEAP else "")
+                      for p in HEAP_POLICIES.values())
 RUNNING = (
     _p("timeout", float, 900.0, typer.Option(help="Per-cell timeout, seconds.")),
     _p("warm_cache", bool, False, typer.Option(
@@ -70,6 +73,9 @@ RUNNING = (
     _p("seed", int, 0, typer.Option(help="Seed of the model init and the inputs.")),
     _p("threads", Optional[int], None, typer.Option(
         help="torch.set_num_threads in each worker (default: torch's choice).")),
+    _p("heap", Optional[str], None, typer.Option(
+        metavar="<" + "|".join(HEAP_POLICIES) + ">",
+        help=f"glibc malloc policy of CPU cells' timed steps: {HEAP_HELP}.")),
     _p("repeat", Optional[int], None, typer.Option(
         envvar="FUSEBENCH_REPEAT", help="Worker processes per cell, each with its own warm-up; "
         "compare resamples processes, so runs you compare need >= 3. Default: 3, 1 with "
@@ -129,7 +135,7 @@ def request(p: dict[str, Any]) -> RunRequest:
         device=p["device"], warmup=p["warmup"], steps=p["steps"],
         budget=p["budget"], quick=p["quick"], seed=p["seed"], timeout=p["timeout"],
         check=not p["no_check"],
-        threads=p["threads"], model_kwargs=tuple(p["model_kwarg"] or ()),
+        threads=p["threads"], heap=p["heap"], model_kwargs=tuple(p["model_kwarg"] or ()),
         mode_options={name: p[name] for name in MODE_OPTIONS},
         dist=p["dist"].value if p["dist"] is not None else None, nproc=p["nproc"],
         nnodes=p["nnodes"], node_rank=p["node_rank"], rdzv_endpoint=p["rdzv_endpoint"])

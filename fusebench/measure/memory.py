@@ -12,6 +12,8 @@ from typing import TypeVar
 
 import torch
 
+from fusebench.measure.heap import heap_policy, set_trim_threshold
+
 _STATUS = Path("/proc/self/status")
 T = TypeVar("T")
 
@@ -62,26 +64,9 @@ def _trim_heap() -> None:
         pass
 
 
-# glibc's mmap threshold starts at 128 KiB and rises to the size of the largest mmapped block
-# freed so far (up to 32 MiB), the trim threshold with it: a process's history decides whether
-# a step's activations come from fresh mmaps (unmapped at free) or from the heap (kept, and
-# fragmenting). The float64 correctness run frees blocks twice the size of the step's, so after
-# it more of the timed steps' tensors stayed on the heap: --no-check changed the peak by ~5%.
-# Fixed thresholds (mallopt also turns the dynamic rise off) at the value the rise tends to
-# anyway give every cell the same allocator whatever ran before its window.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 << 20
-
-
-def pin_malloc(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap and trim thresholds; False where there is no glibc."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)
-                    and libc.mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
-    except (OSError, AttributeError):
-        return False
+def pin_malloc(policy: str | None = None) -> bool:
+    """Fix glibc's malloc thresholds to a named heap policy (heap.py); False without glibc."""
+    return heap_policy(policy).apply()
 
 
 def _in_own_thread(fn: Callable[[], T]) -> T:
@@ -107,28 +92,22 @@ def _in_own_thread(fn: Callable[[], T]) -> T:
     return box["value"]
 
 
-def _set_trim_threshold(nbytes: int) -> None:
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").mallopt(_M_TRIM_THRESHOLD, nbytes)
-    except (OSError, AttributeError):
-        pass
-
-
 class PeakMemory:
     """Call reset() after the model is built, peak() after a measured window: bytes above the
     post-build baseline (weights and framework libraries are not counted). reset_peak() starts
     a new window on the same baseline (the timed steps after the first call and the check)."""
 
-    def __init__(self, device: str | torch.device):
+    def __init__(self, device: str | torch.device, heap: str | None = None):
         self.device = torch.device(device)
+        self.heap = heap_policy(heap).name
+        self.heap_set: bool | None = None   # whether reset() could set it (CPU, glibc)
         self.baseline = 0
         self.file_baseline = 0
         self.harness = 0        # bytes the harness left allocated above the baseline
 
     def reset(self) -> None:
         if self.device.type == "cpu":
-            pin_malloc()
+            self.heap_set = pin_malloc(self.heap)
             _trim_heap()
         self.reset_peak()
         if self.device.type == "cuda":
@@ -182,17 +161,17 @@ class PeakMemory:
     @contextlib.contextmanager
     def _trimming(self):
         """glibc shrinks a thread's arena only when its free top exceeds the trim threshold,
-        which pin_malloc sets to a whole arena heap (64 MiB): the float64 run's memory would stay
+        which the heap policy sets to 64 MiB or to never: the float64 run's memory would stay
         resident after it (43 MB for convnext_atto b4 64 px). The main thread only waits
         meanwhile, so a low threshold for that time changes nothing of its heap."""
         if self.device.type != "cpu":
             yield
             return
-        _set_trim_threshold(128 << 10)
+        set_trim_threshold(128 << 10)
         try:
             yield
         finally:
-            pin_malloc()
+            pin_malloc(self.heap)
 
     def reset_peak(self) -> None:
         """Start a window here: the peak from now on (CUDA: allocator peak; CPU: VmHWM)."""

@@ -113,6 +113,7 @@ class SpecT(TypedDict):
     timeout: NotRequired[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
     cache_dir: NotRequired[Optional[Text]]
     threads: NotRequired[Optional[Positive]]
+    heap: NotRequired[Optional[Name]]
 
 
 def _one_part(spec: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from fusebench.dtypes import AMP_DTYPES, MODEL_DTYPES
 from fusebench.errors import UsageError
+from fusebench.measure.heap import HEAP_POLICIES
 from fusebench.registry import parse_int_list, parse_list
 from fusebench.spec import CellSpec
 
@@ -42,6 +43,7 @@ class RunRequest:
     timeout: float = 900.0
     check: bool = True
     threads: int | None = None
+    heap: str | None = None             # glibc malloc policy of CPU cells (measure/heap.py)
     model_kwargs: tuple[str, ...] = ()
     mode_options: dict = field(default_factory=dict)
     dist: str | None = None             # ddp | fsdp1 | fsdp2: launch each cell via torchrun
@@ -93,7 +95,8 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
                 amp_dtype=req.amp_dtype, device=device,
                 warmup=warmup, steps=steps, budget=budget, seed=req.seed,
                 model_kwargs=tuple(sorted(kwargs.items())), mode_options=options[mode],
-                timeout=req.timeout, check=req.check, dist=dist, threads=req.threads))
+                timeout=req.timeout, check=req.check, dist=dist, threads=req.threads,
+                heap=req.heap))
     return specs
 
 
@@ -221,6 +224,8 @@ def _counts(req: RunRequest) -> tuple[list[int], list[int | None], int, int]:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     if req.threads is not None and not 1 <= req.threads <= 4096:
         raise UsageError(f"--threads must be >= 1, got {req.threads}")
+    if req.heap is not None and req.heap not in HEAP_POLICIES:
+        raise UsageError(f"--heap must be one of {', '.join(HEAP_POLICIES)}, got '{req.heap}'")
     if max(warmup, steps) > MAX_STEPS:
         raise UsageError(f"--warmup and --steps must be <= {MAX_STEPS}, got {max(warmup, steps)}")
     return batches, sizes, warmup, steps
