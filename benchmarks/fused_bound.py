@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
-    pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
+    pin_malloc(args.heap)       # glibc's thresholds as a model cell fixes them (measure/heap.py)
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     r = measure(args)

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
-from fusebench.fuse import fuse
+from fusebench.fuse import fuse, recompute
+from fusebench.measure.heap import DEFAULT_HEAP, HEAP_POLICIES
 from fusebench.measure.memory import pin_malloc
 from fusebench.models.source import resolve_model
 
@@ -34,13 +35,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fused_mode import MODELS  # noqa: E402
 
 
-def build(name: str, channels_last: bool, fused: bool, only=None) -> nn.Module:
+class Saved(nn.Module):
+    """A fused model run as `--mode fused` runs it by default: BN+act outputs saved for
+    backward, not rebuilt (recompute.Saving; `--fused-recompute` measures the rebuilds)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        with recompute.disabled():
+            return self.model(*args, **kwargs)
+
+
+def build(name: str, channels_last: bool, fused: bool, only=None,
+          rebuild: bool = False) -> nn.Module:
+    """The model, eager or fused; fused runs as the mode's default unless `rebuild`."""
     ref, kwargs = MODELS.get(name, (name, {}))     # else any zoo name or file.py:factory
     torch.manual_seed(0)
     model = resolve_model(ref).build(**kwargs).train()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return fuse(model, "train", "cpu", only=only).model if fused else model
+    if not fused:
+        return model
+    model = fuse(model, "train", "cpu", only=only).model
+    return model if rebuild else Saved(model)
 
 
 KERNEL_MODULES = ("act", "bn_act", "dwconv", "ln2d")   # the C++ families the fuser calls
@@ -94,7 +113,7 @@ def batch_of(args) -> tuple[torch.Tensor, torch.Tensor]:
 def warm_pair(args, x, target) -> dict[str, nn.Module]:
     """{"eager", "fused"} built from one seed, each warmed by --warmup steps, alternating."""
     models = {"eager": build(args.model, not args.nchw, False),
-              "fused": build(args.model, not args.nchw, True)}
+              "fused": build(args.model, not args.nchw, True, rebuild=args.fused_recompute)}
     for _ in range(args.warmup):
         for m in models.values():
             step(m, x, target)
@@ -140,6 +159,11 @@ def step_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--img", type=int, default=160)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--fused-recompute", action="store_true",
+                    help="fused: rebuild BN+act outputs in backward (the mode's "
+                         "--fused-recompute; default: saved, as the mode runs)")
+    ap.add_argument("--heap", choices=list(HEAP_POLICIES), default=None,
+                    help=f"glibc malloc policy (fusebench run --heap; default {DEFAULT_HEAP})")
     return ap
 
 
@@ -152,7 +176,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.by_kernel:
         label_kernels()
-    pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
+    pin_malloc(args.heap)       # glibc's thresholds as a model cell fixes them (measure/heap.py)
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     times = profile_both(args)

@@ -47,12 +47,13 @@ def main(argv=None) -> int:
     if a.keep_layout and not a.nchw:
         print("fusion_ab: --keep-layout A/Bs NCHW input: add --nchw", file=sys.stderr)
         return 2
-    pin_malloc()
+    pin_malloc(a.heap)
     torch.set_num_threads(a.threads)
     x, target = batch_of(a)
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
-    base, new = build(a.model, cl, True, only=only), build(a.model, cl, True)
+    base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute)
+    new = build(a.model, cl, True, rebuild=a.fused_recompute)
     sides = {"base": (base, conv1x1.aten_convs if a.aten_1x1 else contextlib.nullcontext, None),
              "new": (new, contextlib.nullcontext,
                      ChannelsLastInside(new) if a.keep_layout else None),

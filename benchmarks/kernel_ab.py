@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default="HEAD", help="git revision of the A side (default HEAD)")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
-    pin_malloc()                # glibc's thresholds as a model cell fixes them (measure/memory.py)
+    pin_malloc(a.heap)          # glibc's thresholds as a model cell fixes them (measure/heap.py)
     torch.set_num_threads(a.threads)
     new = {f: importlib.import_module(f"fusebench.kernels.{f}.cpu").extension()
            for f in KERNEL_MODULES}
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     print("built from " + a.base + ": " + (", ".join(f for f in base if base[f] is not new[f])
                                            or "nothing (no kernel source differs)"))
     x, target = batch_of(a)
-    fused, eager = build(a.model, not a.nchw, True), build(a.model, not a.nchw, False)
+    fused = build(a.model, not a.nchw, True, rebuild=a.fused_recompute)
+    eager = build(a.model, not a.nchw, False)
     sides = {"base": (fused, base), "new": (fused, new), "eager": (eager, new)}
     times: dict[str, list[float]] = {k: [] for k in sides}
     load0 = os.getloadavg()[0]

@@ -53,3 +53,16 @@ def test_labelled_extension_computes_the_same(labelled):
         x, None, None, w, b, training=True, eps=1e-5))
     torch.testing.assert_close(y, ref)
     assert "bn_act.apply" in _names(lambda: bn_act_cpu.apply(x, w, b, mean, invstd, "silu"))
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_fused_side_runs_as_the_mode_does_unless_asked_to_rebuild(labelled, rebuild):
+    """The mode saves BN+act outputs by default (recompute.Saving): the benchmarks' fused model
+    must too, or they profile the --fused-recompute path (bn_act.apply, the rebuilds)."""
+    bench = _bench()
+    torch.manual_seed(0)
+    model = bench.build("efficientnet_b0", channels_last=True, fused=True, rebuild=rebuild)
+    x = torch.randn(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    names = _names(lambda: bench.step(model, x, torch.tensor([1, 2])))
+    assert "bn_act.backward" in names
+    assert ("bn_act.apply" in names) == rebuild, sorted(n for n in names if "bn_act" in n)
