@@ -44,9 +44,9 @@ def _register(p: HeapPolicy) -> None:
 
 
 # The default. Under `trim` an efficientnet_b3 eager step (b8, 160 px) re-faulted 56,000-69,000
-# pages that glibc had just given back, and ran 1.2x slower than here, while the fused step,
-# whose heap top stays under 64 MiB, barely changed: the allocator, not the modes, made up part
-# of fused/eager (docs/measurement.md, fifteenth session).
+# pages that glibc had just given back and ran up to 1.25x slower than here, while the fused
+# steps moved both ways: the allocator, not the modes, made up part of fused/eager
+# (docs/measurement.md, fifteenth session).
 _register(HeapPolicy(
     "keep", -1, "the heap is never trimmed, as under tcmalloc or jemalloc",
     "freed heap memory stays with the process: after warm-up a step reuses the pages it "
