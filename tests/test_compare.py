@@ -13,6 +13,7 @@ from tests.factories import fake_env, kernel_record, model_record, modes_run, sa
 from fusebench.results import stats
 from fusebench.cli import app
 from fusebench.results.compare import METRICS, compare_files, compare_modes
+from fusebench.spec import CellSpec
 
 runner = CliRunner()
 
@@ -299,3 +300,49 @@ def test_compare_nothing_matched_one_line_exit1(tmp_path):
     assert "nothing to compare" in lines[0] and "a.json has convnext_tiny train b8" in lines[0]
     assert "b.json has effnet_b0 train b32" in lines[0] and "only in" not in res.output
     assert res.stdout == ""
+
+
+def _with(mode="eager", heap=None, threads=None, seed=0):
+    spec = CellSpec.for_model("convnext_tiny", mode, batch_size=8, img_size=224,
+                              threads=threads)
+    return model_record(spec=spec, seed=seed, extra={"heap": heap} if heap else None)
+
+
+def _settings_lines(cmp):
+    return [w for w in cmp.warnings if "different settings" in w]
+
+
+@pytest.mark.parametrize("a, b, expect", [
+    (dict(heap="trim"), dict(heap="keep"), "heap keep vs trim (1 cell)"),
+    (dict(heap="keep", threads=1), dict(heap="keep", threads=2), "threads 1 vs 2 (1 cell)"),
+    (dict(), dict(heap="keep"), "heap keep vs unrecorded (glibc trimming)"),
+])
+def test_runs_under_different_settings_warn(tmp_path, a, b, expect):
+    fa = write_results(tmp_path / "a.json", [_with(seed=1, **a)])
+    fb = write_results(tmp_path / "b.json", [_with(seed=2, **b)])
+    lines = _settings_lines(compare_files([fa, fb]))
+    assert len(lines) == 1 and expect in lines[0], lines
+
+
+def test_modes_of_one_file_under_different_heaps_warn(tmp_path):
+    f = write_results(tmp_path / "r.json", [_with("eager", heap="trim", seed=1),
+                                            _with("compile", heap="keep", seed=2)])
+    lines = _settings_lines(compare_files([f]))
+    assert len(lines) == 1 and "heap keep vs trim" in lines[0], lines
+
+
+def test_same_settings_say_nothing(aa_files, tmp_path):
+    assert not _settings_lines(compare_files(list(aa_files)))
+    fa = write_results(tmp_path / "a.json", [_with(heap="keep", threads=2, seed=1)])
+    fb = write_results(tmp_path / "b.json", [_with(heap="keep", threads=2, seed=2)])
+    assert not _settings_lines(compare_files([fa, fb]))
+
+
+@pytest.mark.parametrize("heap, threads", [("keep", 2), (None, None)])
+def test_settings_read_the_same_from_a_record_and_its_dict(heap, threads):
+    from fusebench.results import items
+    from fusebench.results.compare import get_metric
+    r, m = _with(heap=heap, threads=threads), get_metric("throughput")
+    d = json.loads(json.dumps(r.to_dict()))
+    assert items.from_record(r, m).settings == items.from_dict(d, m).settings
+    assert dict(items.from_record(r, m).settings)["threads"] == threads

@@ -9,7 +9,7 @@ runs, against the baseline file. Rendering lives in render/compare_table.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -396,6 +396,9 @@ def compare_items(items: list[Item], metric: Metric, baseline: str | None = None
     _judge_ratios(metric, pending, fail_pct)
     for row in cmp.rows:
         _with_ci(row)   # one file: the reader asked for the ratios themselves
+    settings = _settings_warning(groups.values())
+    if settings:
+        cmp.warnings.append(settings)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.variant)
     return cmp
 
@@ -489,8 +492,31 @@ def compare_runs(runs: list[Run], metric: Metric, fail_pct: float | None = None)
                 _apart_note(pending)):
         if why:
             cmp.notes.append(why)
+    settings = _settings_warning([idx[k] for idx in index if k in idx] for k in keys)
+    if settings:
+        cmp.warnings.append(settings)
     cmp.geomean = _geomeans(metric, cmp.rows, lambda r: r.run)
     return cmp
+
+
+def _settings_warning(groups: Iterable[Sequence[Item]]) -> str | None:
+    """One line when items compared with each other ran under different run settings (threads,
+    heap policy): their ratios then measure the setting as well as the mode or the change."""
+    differ: dict[tuple[str, tuple], int] = {}
+    for items in groups:
+        values: dict[str, set] = {}
+        for it in items:
+            for name, v in it.settings:
+                values.setdefault(name, set()).add("default" if v is None else str(v))
+        for name, vs in values.items():
+            if len(vs) > 1:
+                k = (name, tuple(sorted(vs)))
+                differ[k] = differ.get(k, 0) + 1
+    if not differ:
+        return None
+    parts = [f"{name} {' vs '.join(vs)} ({n} cell{'s' if n > 1 else ''})"
+             for (name, vs), n in differ.items()]
+    return "compared records ran under different settings: " + "; ".join(parts)
 
 
 def _no_match(runs: list[Run], index: list[dict[tuple, Item]]) -> str:

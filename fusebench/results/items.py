@@ -32,6 +32,18 @@ class Item(NamedTuple):
     groups: list[Sequence[float]]     # step samples of each worker process ([] without samples)
     noise: str | None                 # noise_of(record): why its timing cannot be trusted
     span: tuple[float, float] | None = None   # --repeat: first and last process start (unix s)
+    settings: tuple = ()              # run settings outside the cell key: settings_of()
+
+
+def settings_of(spec: Any, extra: Any) -> tuple:
+    """((name, value), ...) of the run-only settings that change a step's time: the threads
+    asked for, and a CPU model cell's heap policy as its worker applied it (extra.heap; a CPU
+    model record without it predates heap policies: glibc trimming, as `--heap trim`)."""
+    out = [("threads", spec.get("threads"))]
+    if spec.get("device", "cpu") == "cpu" and spec.get("model"):
+        heap = extra.get("heap") if isinstance(extra, dict) else None
+        out.append(("heap", heap or "unrecorded (glibc trimming)"))
+    return tuple(out)
 
 
 class _Spread(NamedTuple):            # what measure.noise.noisy_fraction reads of a StepStats
@@ -77,7 +89,9 @@ def from_record(r: Record, metric) -> Item:
     why = noise(st, r.extra.get("contention"), ((e.category, e.message) for e in r.events))
     return Item(spec.cell_key(), spec.variant(), spec.subject, spec.config_label(), r.status,
                 metric.value(r), st.iqr if st else None, samples, groups, why,
-                _span(r.extra.get("processes")))
+                _span(r.extra.get("processes")),
+                settings_of({"threads": spec.threads, "device": spec.device,
+                             "model": spec.model is not None}, r.extra))
 
 
 def _span(processes: Any) -> tuple[float, float] | None:
@@ -168,7 +182,8 @@ def from_dict(d: dict[str, Any], metric) -> Item:
                 (d.get("extra") or {}).get("contention"), _events(d) if d.get("events") else ())
     return Item(key, variant, subject, config, d["status"], metric.from_dict(d, per_step),
                 st["iqr"] if st else None, samples if metric.timed else None,
-                [samples] if samples else [], why)
+                [samples] if samples else [], why,
+                settings=settings_of(d["spec"], d.get("extra")))
 
 
 def from_dicts(dicts: MutableSequence[Any], metric,
