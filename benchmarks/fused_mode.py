@@ -176,8 +176,8 @@ def run_group(args, model, layout, threads, cache: Path) -> list[tuple[str, obje
     specs = [CellSpec.for_model(ref, mode, batch_size=args.batch, img_size=args.img,
                                 model_kwargs=kwargs, channels_last=LAYOUTS[layout],
                                 warmup=args.warmup, steps=args.steps, threads=threads,
-                                timeout=1800.0, cache_dir=str(cache),
-                                **({"heap": args.heap} if args.heap else {})) for mode in modes]
+                                timeout=1800.0, cache_dir=str(cache), heap=args.heap)
+             for mode in modes]
     recs = run_cells(specs, opts=RunOptions(retry_oom=False, repeat=args.repeat),
                      show_progress=False)
     out = []

@@ -42,10 +42,10 @@ class Saved(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self._run = recompute.Saving(model)     # the mode's own wrapper, not a copy of it
 
     def forward(self, *args, **kwargs):
-        with recompute.disabled():
-            return self.model(*args, **kwargs)
+        return self._run(*args, **kwargs)
 
 
 def build(name: str, channels_last: bool, fused: bool, only=None,

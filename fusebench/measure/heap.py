@@ -28,12 +28,16 @@ class HeapPolicy:
 
     def apply(self) -> bool:
         """Set this policy; False where there is no glibc (nothing is changed then)."""
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            return bool(libc.mallopt(_M_MMAP_THRESHOLD, self.mmap_threshold)
-                        and libc.mallopt(_M_TRIM_THRESHOLD, self.trim_threshold))
-        except (OSError, AttributeError):
-            return False
+        return (_mallopt(_M_MMAP_THRESHOLD, self.mmap_threshold)
+                and _mallopt(_M_TRIM_THRESHOLD, self.trim_threshold))
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt; False where there is none (or it refused the value)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(param, value))
+    except (OSError, AttributeError):
+        return False
 
 
 HEAP_POLICIES: dict[str, HeapPolicy] = {}
@@ -77,7 +81,4 @@ def heap_policy(name: str | None) -> HeapPolicy:
 def set_trim_threshold(nbytes: int) -> None:
     """Only the trim threshold (the correctness run's own arena between windows: see
     PeakMemory.aside)."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_TRIM_THRESHOLD, nbytes)
-    except (OSError, AttributeError):
-        pass
+    _mallopt(_M_TRIM_THRESHOLD, nbytes)

@@ -35,15 +35,14 @@ class Item(NamedTuple):
     settings: tuple = ()              # run settings outside the cell key: settings_of()
 
 
-def settings_of(spec: Any, extra: Any) -> tuple:
+def settings_of(threads: int | None, cpu_model: bool, extra: Any) -> tuple:
     """((name, value), ...) of the run-only settings that change a step's time: the threads
     asked for, and a CPU model cell's heap policy as its worker applied it (extra.heap; a CPU
     model record without it predates heap policies: glibc trimming, as `--heap trim`)."""
-    out = [("threads", spec.get("threads"))]
-    if spec.get("device", "cpu") == "cpu" and spec.get("model"):
-        heap = extra.get("heap") if isinstance(extra, dict) else None
-        out.append(("heap", heap or "unrecorded (glibc trimming)"))
-    return tuple(out)
+    if not cpu_model:
+        return (("threads", threads),)
+    heap = extra.get("heap") if isinstance(extra, dict) else None
+    return ("threads", threads), ("heap", heap or "unrecorded (glibc trimming)")
 
 
 class _Spread(NamedTuple):            # what measure.noise.noisy_fraction reads of a StepStats
@@ -90,8 +89,8 @@ def from_record(r: Record, metric) -> Item:
     return Item(spec.cell_key(), spec.variant(), spec.subject, spec.config_label(), r.status,
                 metric.value(r), st.iqr if st else None, samples, groups, why,
                 _span(r.extra.get("processes")),
-                settings_of({"threads": spec.threads, "device": spec.device,
-                             "model": spec.model is not None}, r.extra))
+                settings_of(spec.threads, spec.device == "cpu" and spec.model is not None,
+                            r.extra))
 
 
 def _span(processes: Any) -> tuple[float, float] | None:
@@ -183,7 +182,13 @@ def from_dict(d: dict[str, Any], metric) -> Item:
     return Item(key, variant, subject, config, d["status"], metric.from_dict(d, per_step),
                 st["iqr"] if st else None, samples if metric.timed else None,
                 [samples] if samples else [], why,
-                settings=settings_of(d["spec"], d.get("extra")))
+                settings=_settings(d["spec"], d.get("extra")))
+
+
+def _settings(spec: dict[str, Any], extra: Any) -> tuple:
+    return settings_of(spec.get("threads"),
+                       spec.get("device", _DS["device"]) == "cpu" and bool(spec.get("model")),
+                       extra)
 
 
 def from_dicts(dicts: MutableSequence[Any], metric,
