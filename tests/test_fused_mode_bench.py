@@ -42,6 +42,45 @@ def test_verdicts_from_records(fused_ms, compile_ms, act, passed, want):
     assert [got[[t.name for t in effnet].index(n)] for n in order] == want
 
 
+def _procs(mode, medians, spread=0.01, act=None):
+    """A record of len(medians) worker processes, 5 steps each around its median."""
+    spec = CellSpec.for_model("efficientnet_b3", mode)
+    groups = [[m * (1 + spread * k) for k in (-2, -1, 0, 1, 2)] for m in medians]
+    return Record(spec=spec, status="ok", step_ms=StepStats.from_processes(groups),
+                  activation_bytes=act or (63 if mode == "fused" else 100),
+                  correctness=Correctness(True, 0.0, 0.0))
+
+
+@pytest.mark.parametrize("eager, fused, want", [
+    ([400.0, 404.0, 396.0], [280.0, 282.0, 278.0], "PASS"),     # 1.43x, processes agree
+    ([400.0, 404.0, 396.0], [340.0, 342.0, 338.0], "FAIL"),     # 1.18x, processes agree
+    ([330.0, 470.0, 400.0], [260.0, 360.0, 300.0], "UNSURE"),   # ~1.31x, processes 15% apart
+])
+def test_speed_verdict_reads_the_interval_over_processes(eager, fused, want, capsys):
+    fm = _bench()
+    key = ("efficientnet_b3", "cl", 2)
+    grid = {(*key, "eager"): _procs("eager", eager), (*key, "fused"): _procs("fused", fused)}
+    r = fm.ratio(grid, key, "speed_eager")
+    # the point estimate is compare's: mean of process medians, eager over fused
+    assert r.gain == pytest.approx(sum(eager) / sum(fused))
+    assert r.low < r.gain < r.high
+    target = next(t for t in fm.TARGETS if t.what == "speed_eager")
+    assert fm.verdict(target, r) == want
+    fm.print_targets(grid, None)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "fused/eager speed" in ln)
+    assert line.split()[0] == want and f"[{r.low:.2f}, {r.high:.2f}]" in line
+    assert ("processes per cell would resolve it" in line) == (want == "UNSURE")
+
+
+def test_unsure_counts_against_strict():
+    fm = _bench()
+    key = ("efficientnet_b3", "cl", 2)
+    grid = {(*key, "eager"): _procs("eager", [330.0, 470.0, 400.0]),
+            (*key, "fused"): _procs("fused", [260.0, 360.0, 300.0])}
+    assert fm.print_targets(grid, None) == 1      # UNSURE speed; act and correctness pass
+
+
 def test_failed_cell_gives_no_ratio():
     fm = _bench()
     key = ("convnext_atto", "nchw", 1)
@@ -71,7 +110,7 @@ def test_quick_smoke_runs_every_cell(tmp_path):
              and " T1 " in ln]
     assert len(cells) == 8 and all(" ok " in ln for ln in cells), out.stdout
     verdicts = [ln.split()[0] for ln in lines if ln.startswith("  ") and " T1 " in ln]
-    assert verdicts and set(verdicts) <= {"PASS", "FAIL", "n/a"}
+    assert verdicts and set(verdicts) <= {"PASS", "FAIL", "UNSURE", "n/a"}
     assert "correctness" in out.stdout and (tmp_path / "r.json").exists()
 
 
