@@ -151,3 +151,23 @@ def test_wide_run_and_kernel_tables_pass_the_edge():
     krecs = [kernel_record("permute", base_ms=1.5, shape=(8, 96, 56, 56), seed=1)]
     c.print(kernel_table(krecs, wide=True), crop=False)
     assert "% of copy" in c.export_text()
+
+
+def test_run_table_says_threads_and_heap():
+    """The run-only settings that change a step's time: in the title when the rows share
+    them, a column each where they differ (compare warns about such mixes too)."""
+    same = [model_record("efficientnet_b3", m, base_ms=ms, seed=i,
+                         extra={"threads": {"intra_op": 2}, "heap": "keep"})
+            for i, (m, ms) in enumerate([("eager", 400.0), ("fused", 300.0)])]
+    text = render(run_table(same), 120)
+    assert "fusebench run · efficientnet_b3 · train · b8 · 224px · T2 · heap keep" in text
+    mixed = [model_record("efficientnet_b3", "eager", base_ms=400.0,
+                          extra={"threads": {"intra_op": 1}, "heap": "trim"}),
+             model_record("efficientnet_b3", "fused", base_ms=300.0, seed=1,
+                          extra={"threads": {"intra_op": 2}, "heap": "keep"})]
+    t = run_table(mixed, wide=True)
+    text = render(t, t.width_needed(Console(width=80)))
+    header = next(line for line in text.splitlines() if "mode" in line)
+    assert "threads" in header and "heap" in header
+    rows = [line for line in text.splitlines() if line.startswith(("│ eager", "│ fused"))]
+    assert "T1" in rows[0] and "trim" in rows[0] and "T2" in rows[1] and "keep" in rows[1]

@@ -10,7 +10,8 @@ def display_name(name: str) -> str:
 
 
 def shared_title(title: str, fields: dict[str, list[str]]) -> tuple[str, set[str]]:
-    """The title plus every field that has one value in all rows (>1 row); those fields."""
+    """The title plus every field that has one value in all rows (>1 row); those fields.
+    A field that is "-" in every row (no value anywhere) is left out of the title too."""
     same = {k for k, v in fields.items() if len(v) > 1 and len(set(v)) == 1}
-    parts = [fields[k][0] for k in fields if k in same]
+    parts = [fields[k][0] for k in fields if k in same and fields[k][0] != "-"]
     return (" · ".join([title, *parts]) if parts else title), same

@@ -51,7 +51,8 @@ def _correct(r: Record) -> str:
 # header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
 # model/bench/b/img are shown only when they differ between rows: then they tell rows apart
 _RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 0),
-                ("b", "right", 0), ("img", "right", 0), ("status", "left", 0),
+                ("b", "right", 0), ("img", "right", 0), ("threads", "right", 7),
+                ("heap", "left", 7), ("status", "left", 0),
                 ("samples/s", "right", 2), ("step ms", "right", 0), ("± IQR", "right", 4),
                 ("vs eager", "right", 0), ("compile s", "right", 5), ("peak mem", "right", 3),
                 ("act mem", "right", 6), ("events", "right", 8), ("correctness", "left", 1)]
@@ -67,11 +68,24 @@ def _step(st, busy: bool) -> str:
     return f"[yellow]{st.median:.2f}{BUSY_MARK}[/]" if busy else f"{st.median:.2f}"
 
 
+def _threads(r: Record) -> str:
+    """The intra-op threads the worker ran with (extra.threads, cell/worker.py), else the
+    ones asked for."""
+    ran = (r.extra or {}).get("threads")
+    n = ran.get("intra_op") if isinstance(ran, dict) else r.spec.threads
+    return f"T{n}" if n else "-"
+
+
+def _heap(r: Record) -> str:
+    """A CPU model cell's glibc heap policy as its worker applied it (measure/heap.py)."""
+    return escape(str((r.extra or {}).get("heap") or "-"))
+
+
 def _run_cells(r: Record, ratio: str, busy: bool = False) -> list[str]:
     st, m = r.step_ms, r.spec.model
     return [escape(display_name(r.spec.subject)), escape(r.spec.variant()),
             m.bench if m else "-", str(m.batch_size) if m else "-",
-            str(m.img_size or "-") if m else "-",
+            str(m.img_size or "-") if m else "-", _threads(r), _heap(r),
             f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
             f"{r.throughput:,.1f}" if r.throughput else "-",
             _step(st, busy), f"± {st.iqr:.2f}" if st else "-", ratio,
@@ -86,7 +100,9 @@ def _title_fields(records: list[Record]) -> dict[str, list[str]]:
     return {"model": [escape(display_name(r.spec.subject)) for r in records],
             "bench": [m.bench if m else "-" for m in ms],
             "b": [f"b{m.batch_size}" if m else "-" for m in ms],
-            "img": [f"{m.img_size}px" if m and m.img_size else "-" for m in ms]}
+            "img": [f"{m.img_size}px" if m and m.img_size else "-" for m in ms],
+            "threads": [_threads(r) for r in records],
+            "heap": [f"heap {h}" if (h := _heap(r)) != "-" else h for r in records]}
 
 
 def ratio_cell(text: str, noisy: str | None) -> str:
