@@ -286,6 +286,7 @@ def print_table(grid, args) -> None:
               f"{_x(ratio(grid, key, 'speed_eager')):>21} "
               f"{_x(ratio(grid, key, 'speed_compile')):>23} {_x(ratio(grid, key, 'act')):>8} "
               f"{cs:>10}")
+    print("ms: the mean of a cell's worker processes' medians, what the ratios divide")
 
 
 def print_targets(grid, args) -> int:
@@ -318,7 +319,12 @@ def _join(items) -> str:
 
 
 def _ms(r) -> str:
-    return f"{r.step_ms.median:.1f}" if _ok(r) else "-"
+    """The step time the ratios divide: the mean of the processes' medians (the pooled
+    median of all steps is on the cell's own line)."""
+    if not _ok(r):
+        return "-"
+    meds = r.step_ms.process_medians or (r.step_ms.median,)
+    return f"{sum(meds) / len(meds):.1f}"
 
 
 def _x(r: stats.Ratio | None) -> str:

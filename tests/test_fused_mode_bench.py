@@ -71,6 +71,8 @@ def test_speed_verdict_reads_the_interval_over_processes(eager, fused, want, cap
     line = next(ln for ln in out.splitlines() if "fused/eager speed" in ln)
     assert line.split()[0] == want and f"[{r.low:.2f}, {r.high:.2f}]" in line
     assert ("processes per cell would resolve it" in line) == (want == "UNSURE")
+    # the table's ms are what the ratio divides: the means of the process medians
+    assert fm._ms(grid[(*key, "eager")]) == f"{sum(eager) / 3:.1f}"
 
 
 def test_unsure_counts_against_strict():
