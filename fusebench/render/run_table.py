@@ -49,7 +49,8 @@ def _correct(r: Record) -> str:
 
 
 # header, justify, drop priority (0: always shown, higher: dropped first at narrow widths)
-# model/bench/b/img are shown only when they differ between rows: then they tell rows apart
+# model/bench/b/img/threads/heap are shown only when they differ between rows: then they tell
+# rows apart (shared ones go in the title)
 _RUN_COLUMNS = [("model", "left", 0), ("mode", "left", 0), ("bench", "left", 0),
                 ("b", "right", 0), ("img", "right", 0), ("threads", "right", 7),
                 ("heap", "left", 7), ("status", "left", 0),
