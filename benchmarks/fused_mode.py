@@ -234,11 +234,10 @@ def ratio(grid, key, what: str) -> stats.Ratio | None:
     mean of the worker processes' medians on each side, processes and their steps resampled
     (stats.speedup_ci_processes), because whole processes drift apart on this VM while the
     steps inside one agree (docs/measurement.md)."""
-    f = grid.get((*key, "fused"))
+    other, f = _pair(grid, key, what)
     if what == "correct":
         return None if f is None or f.correctness is None else stats.Ratio(
             float(f.correctness.passed))
-    other = grid.get((*key, "compile" if what == "speed_compile" else "eager"))
     if not _ok(f) or not _ok(other):
         return None
     if what == "act":
@@ -246,6 +245,12 @@ def ratio(grid, key, what: str) -> stats.Ratio | None:
             return None
         return stats.Ratio(f.activation_bytes / other.activation_bytes)
     return stats.speedup_ci_processes(other.step_ms.process_groups(), f.step_ms.process_groups())
+
+
+def _pair(grid, key, what: str):
+    """(the record fused is held against for `what`, the fused record); None where missing."""
+    other = "compile" if what == "speed_compile" else "eager"
+    return grid.get((*key, other)), grid.get((*key, "fused"))
 
 
 def verdict(target: Target, r: stats.Ratio | None) -> str:
@@ -263,8 +268,7 @@ def verdict(target: Target, r: stats.Ratio | None) -> str:
 def to_resolve(grid, key, target: Target, r: stats.Ratio) -> int | None:
     """Worker processes per cell that would resolve the distance between r and the bound, from
     the spread these processes showed (None: one process a side, nothing to go on)."""
-    f = grid[(*key, "fused")]
-    other = grid[(*key, "compile" if target.what == "speed_compile" else "eager")]
+    other, f = _pair(grid, key, target.what)
     gap = abs(r.gain / target.bound - 1.0)
     return stats.processes_to_resolve(other.step_ms.process_groups(),
                                       f.step_ms.process_groups(), max(gap, 0.01))
