@@ -3,9 +3,10 @@
     python benchmarks/fusion_ab.py --without se_project            # efficientnet_b0 cl, 2 threads
     python benchmarks/fusion_ab.py --aten-1x1 --nchw --threads 1   # 1x1 convs: aten vs GEMMs
     python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
+    python benchmarks/fusion_ab.py --gemm aten                     # the sites' GEMMs: aten's mm
 
 Three models from one seed: fused with everything ("new"), fused without the fusions named in
---without and/or with aten's 1x1 convs ("base"), and eager; train steps in rounds, each round
+--without and/or with aten's 1x1 convs or another GEMM backend ("base"), and eager; train steps in rounds, each round
 in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
 Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
 the load average. Both fused sides take NCHW input as given (fused mode's channels-last
@@ -14,6 +15,7 @@ NCHW, new runs channels-last inside."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1
+from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm
 from fusebench.fuse.layout import ChannelsLastInside
 from fusebench.measure.memory import pin_malloc
 
@@ -34,14 +36,16 @@ def main(argv=None) -> int:
     ap = step_parser(__doc__)
     ap.add_argument("--without", default="", help="fusions / graph patterns off on the base side")
     ap.add_argument("--aten-1x1", action="store_true", help="base side: aten's 1x1 convs")
+    ap.add_argument("--gemm", choices=[c for c in gemm.CHOICES if c != "auto"],
+                    help="base side: the sites' GEMMs on this backend (fuse/gemm.py; new: auto)")
     ap.add_argument("--keep-layout", action="store_true",
                     help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
-    if off - known or not (off or a.aten_1x1 or a.keep_layout):
-        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1 or "
+    if off - known or not (off or a.aten_1x1 or a.keep_layout or a.gemm):
+        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1, --gemm or "
               "--keep-layout", file=sys.stderr)
         return 2
     if a.keep_layout and not a.nchw:
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
     base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute)
     new = build(a.model, cl, True, rebuild=a.fused_recompute)
-    sides = {"base": (base, conv1x1.aten_convs if a.aten_1x1 else contextlib.nullcontext, None),
+    sides = {"base": (base, functools.partial(_base_within, a), None),
              "new": (new, contextlib.nullcontext,
                      ChannelsLastInside(new) if a.keep_layout else None),
              "eager": (build(a.model, cl, False), contextlib.nullcontext, None)}
@@ -71,12 +75,23 @@ def main(argv=None) -> int:
                 times[k].append(t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
-                      *(["NCHW kept"] * a.keep_layout)])
+                      *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"
           f" (medians of {a.rounds}); load {load0:.2f} -> {os.getloadavg()[0]:.2f}")
     return 0
+
+
+@contextlib.contextmanager
+def _base_within(a):
+    """The base side's routing: aten's 1x1 convs and/or the GEMM backend asked for."""
+    with contextlib.ExitStack() as stack:
+        if a.aten_1x1:
+            stack.enter_context(conv1x1.aten_convs())
+        if a.gemm:
+            stack.enter_context(gemm.using(a.gemm))
+        yield
 
 
 if __name__ == "__main__":

@@ -32,3 +32,16 @@ def test_keep_layout_ab_runs_channels_last_inside_on_the_new_side(capsys, monkey
     assert bench.main(["--keep-layout", "--nchw", "--img", "32", "--batch", "2", "--rounds", "1",
                        "--warmup", "0", "--threads", "1"]) == 0
     assert "NCHW kept" in capsys.readouterr().out and len(calls) == 1
+
+
+def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
+    from fusebench.fuse import gemm
+    bench = load_benchmark("fusion_ab")
+    seen = []
+    real = bench.step
+    monkeypatch.setattr(bench, "step", lambda *a, **k: seen.append(gemm._state["name"])
+                        or real(*a, **k))
+    assert bench.main(["--gemm", "aten", "--img", "32", "--batch", "2", "--rounds", "1",
+                       "--warmup", "0", "--threads", "1"]) == 0
+    assert "(base: aten GEMMs)" in capsys.readouterr().out
+    assert sorted(seen) == ["aten", "auto", "auto"] and gemm._state["name"] == "auto"

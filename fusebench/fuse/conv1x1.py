@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusebench.fuse import gemm
 from fusebench.fuse.fx.nodes import hooked, not_pointwise
 
 
@@ -42,9 +43,10 @@ def is_pointwise(m: nn.Module) -> bool:
 
 def conv1x1(x, w, b=None):
     """A 1x1 conv as a GEMM on a channels-last x's free view, y channels-last; F.conv2d
-    otherwise. Autograd's linear backward is the GEMMs on the same views."""
+    otherwise. The GEMMs (forward and backward, on the same views) run on fuse/gemm.py's
+    backend."""
     if channels_last(x) and not _state["aten"]:
-        return F.linear(x.permute(0, 2, 3, 1), w.flatten(1), b).permute(0, 3, 1, 2)
+        return gemm.linear(x.permute(0, 2, 3, 1), w.flatten(1), b).permute(0, 3, 1, 2)
     return F.conv2d(x, w, b)
 
 

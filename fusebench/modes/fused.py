@@ -30,6 +30,10 @@ class Fused(Mode):
                    help="fused: rebuild each fused BN+act output in backward instead of "
                         "saving it (least activation memory; one more pass per rebuilt "
                         "tensor, 5-9% slower per EfficientNet step on CPU; off by default)."),
+        ModeOption("fused_gemm", str, choices=("auto", "onednn", "aten"), default="auto",
+                   help="fused: the library the fused sites' GEMMs (1x1 convs on channels-last "
+                        "views, MLP linears) run on: auto (oneDNN's matmul where torch has it "
+                        "and the operands suit it, else aten's mm), onednn, aten."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -86,6 +90,9 @@ class Fused(Mode):
         if not self._rewritten:    # else fused before the distributed wrapper was built
             model = self.rewrite(model, example_inputs, options, events)
         self._rewritten = False
+        from fusebench.fuse import gemm
+        gemm.set_default(self.opts(options)["fused_gemm"])   # this process runs this cell
+        events.add("info", "fuser", gemm.describe())
         from fusebench.fuse.layout import ChannelsLastInside
         from fusebench.fuse.recompute import Saving
         call = Saving(model) if self._saving else model

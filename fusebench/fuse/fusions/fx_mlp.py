@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from fusebench.fuse import gemm
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.conv1x1 import channels_last, conv1x1
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
@@ -29,8 +30,8 @@ def _linear_bwd(dy, x_like, w, has_bias):
     # dy arrives as the permuted view of an NCHW-strided grad in ConvNeXt (the residual's):
     # `dy @ w` on that ran a batched bmm; one reshape (a copy only where needed) and mm instead
     dy2 = dy.reshape(-1, dy.shape[-1])
-    return (dy2 @ w).view(*dy.shape[:-1], w.shape[1]), \
-        lambda g: (dy2.t() @ g.reshape(-1, g.shape[-1]), dy2.sum(0) if has_bias else None)
+    return gemm.nn(dy2, w).view(*dy.shape[:-1], w.shape[1]), \
+        lambda g: (gemm.wgrad(dy2, g), dy2.sum(0) if has_bias else None)
 
 
 def _conv1x1_bwd(dy, x_like, w, has_bias):
@@ -51,14 +52,7 @@ def _as_conv(grads, w):
     return dw.view(w.shape), db
 
 
-def _linear_into(res, g, w, b):
-    """res + linear(g, w, b) with res (+ b) as the GEMM's accumulator: no pass for the add."""
-    acc = res + b if b is not None else res.clone()
-    acc.view(-1, acc.shape[-1]).addmm_(g.reshape(-1, g.shape[-1]), w.t())
-    return acc
-
-
-FC = {"linear": (F.linear, _linear_bwd, -1),          # fwd, split bwd, channel dim
+FC = {"linear": (gemm.linear, _linear_bwd, -1),          # fwd, split bwd, channel dim
       "conv2d": (conv1x1, _conv1x1_bwd, 1)}
 
 
@@ -136,7 +130,7 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
         g = ba.fwd(h0, b1)
         if res is None:
             return fc_fwd(g, *folded(w2, b2, gamma)), (h0,)
-        return _linear_into(res, g, *folded(w2, b2, gamma)), (h0,)
+        return gemm.nt_add(res, g, *folded(w2, b2, gamma)), (h0,)
 
     def bwd(dy, saved, groups):
         (h0,), (b1, w2, b2, gamma) = saved, unpack(groups)

@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from fusebench.fuse import gemm
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 
 
@@ -29,14 +30,14 @@ def ln_linear_kernel(eps: float, has_w: bool, has_b: bool, has_bias: bool) -> Mu
     def fwd(x, groups):
         lw, lb, w, b = unpack(groups)
         n, mean, rstd = _ln(x, lw, lb, eps)
-        return torch.nn.functional.linear(n, w, b), (x, mean, rstd)
+        return gemm.nt(n, w, b), (x, mean, rstd)
 
     def bwd(dy, saved, groups):
         (x, mean, rstd), (lw, lb, w, _) = saved, unpack(groups)
         n = _ln(x, lw, lb, eps)[0]                          # recomputed, not saved
         dy2, n2 = dy.reshape(-1, dy.shape[-1]), n.reshape(-1, n.shape[-1])
-        dw = dy2.t() @ n2
-        dn = dy @ w
+        dw = gemm.wgrad(dy2, n2)
+        dn = gemm.nn(dy, w)
         dx, dlw, dlb = torch.ops.aten.native_layer_norm_backward(
             dn, x, (x.shape[-1],), mean, rstd, lw, lb, (True, has_w, has_b))
         ln_grads = tuple(g for g, has in ((dlw, has_w), (dlb, has_b)) if has)

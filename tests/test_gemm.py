@@ -1,0 +1,152 @@
+"""fuse/gemm.py: every registered backend's GEMMs against float64; oneDNN really runs where it
+is picked (its op in the profile) and aten where it is not; the choice is a usage error when
+unknown or unavailable; the fused mode reports it and takes --fused-gemm."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.profiler import profile
+
+from fusebench.errors import UsageError
+from fusebench.fuse import gemm
+from fusebench.fuse.conv1x1 import conv1x1
+
+AVAILABLE = [n for n, b in gemm.GEMMS.items() if b.missing() is None]
+ONEDNN_OP = "mkldnn::_linear_pointwise"
+
+
+def _ops(fn) -> set[str]:
+    with profile() as p:
+        fn()
+    return {e.key for e in p.key_averages()}
+
+
+def _close(got, want):
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+@pytest.mark.parametrize("rows", [(7,), (2, 3, 5)])
+def test_each_backend_computes_the_gemms_as_float64_does(name, rows):
+    torch.manual_seed(0)
+    a, w, b = torch.randn(*rows, 12), torch.randn(9, 12), torch.randn(9)
+    dy, res = torch.randn(*rows, 9), torch.randn(*rows, 9)
+    a64, w64, b64, dy64 = a.double(), w.double(), b.double(), dy.double()
+    with gemm.using(name):
+        _close(gemm.nt(a, w, b), a64 @ w64.t() + b64)
+        _close(gemm.nt(a, w), a64 @ w64.t())
+        _close(gemm.nn(dy, w), dy64 @ w64)
+        _close(gemm.nt_add(res, a, w, b), res.double() + a64 @ w64.t() + b64)
+        _close(gemm.wgrad(dy, a), dy64.reshape(-1, 9).t() @ a64.reshape(-1, 12))
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_linear_forward_and_gradients_match_float64(name):
+    torch.manual_seed(1)
+    x = torch.randn(4, 5, 16, requires_grad=True)
+    w, b = torch.randn(8, 16, requires_grad=True), torch.randn(8, requires_grad=True)
+    dy = torch.randn(4, 5, 8)
+    with gemm.using(name):
+        y = gemm.linear(x, w, b)
+        y.backward(dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = torch.nn.functional.linear(x64, w64, b64)
+    y64.backward(dy.double())
+    for got, want in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        _close(got, want)
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+def test_a_channels_last_1x1_conv_runs_onednn_under_auto_and_aten_under_aten():
+    """The fused sites' 1x1 convs: oneDNN's matmul really runs (forward and dx) by default,
+    never under `aten`; gradients match float64 either way."""
+    torch.manual_seed(2)
+    x = torch.randn(2, 6, 4, 3).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w, b = torch.randn(10, 6, 1, 1, requires_grad=True), torch.randn(10, requires_grad=True)
+    dy = torch.randn(2, 10, 4, 3)
+
+    def run():
+        y = conv1x1(x, w, b)
+        y.backward(dy)
+        return y
+
+    assert gemm.current().name == "onednn"
+    ops = _ops(run)
+    assert ONEDNN_OP in ops
+    with gemm.using("aten"):
+        assert ONEDNN_OP not in _ops(run)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    torch.nn.functional.conv2d(x64, w64, b64).backward(dy.double())
+    x.grad = w.grad = b.grad = None
+    y = run()
+    _close(y, torch.nn.functional.conv2d(x64.detach(), w64.detach(), b64.detach()))
+    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        _close(got, want)
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+def test_onednn_sees_an_in_place_weight_update():
+    """The optimizer updates weights in place: no stale copy of the old values may be used."""
+    a, w = torch.randn(6, 4), torch.randn(3, 4)
+    with gemm.using("onednn"):
+        gemm.nt(a, w)
+        w.mul_(-2.0)
+        _close(gemm.nt(a, w), a.double() @ w.double().t())
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+def test_operands_onednn_does_not_take_run_aten_and_say_so_when_asked_for_by_name():
+    a, w = torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert ONEDNN_OP not in _ops(lambda: gemm.nt(a, w))          # auto: aten, quietly
+        assert not seen
+        with gemm.using("onednn"):
+            torch.testing.assert_close(gemm.nt(a, w), a @ w.t())
+    assert len(seen) == 1 and "float64" in str(seen[0].message) and "aten" in str(seen[0].message)
+
+
+def test_an_unknown_or_unavailable_backend_is_a_usage_error(monkeypatch):
+    with pytest.raises(UsageError, match="valid: auto, onednn, aten"):
+        with gemm.using("mkl"):
+            pass
+    with pytest.raises(UsageError, match="valid"):
+        gemm.set_default("blas")
+    monkeypatch.setattr(gemm, "_onednn_missing", lambda: "no oneDNN in this build")
+    gemm.resolve.cache_clear()
+    try:
+        assert gemm.resolve("auto").name == "aten"
+    finally:
+        gemm.resolve.cache_clear()
+
+
+def test_an_unavailable_backend_asked_for_by_name_says_why(monkeypatch):
+    fake = gemm.GemmBackend("onednn", None, None, None, lambda *a, **k: False,
+                            lambda: "this torch build has no oneDNN (MKLDNN)", "")
+    monkeypatch.setitem(gemm.GEMMS._items, "onednn", fake)
+    gemm.resolve.cache_clear()
+    try:
+        with pytest.raises(UsageError, match="unavailable: this torch build has no oneDNN"):
+            gemm.set_default("onednn")
+    finally:
+        gemm.resolve.cache_clear()
+    assert gemm._state["name"] == "auto"
+
+
+def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    from fusebench.models.source import resolve_model
+    model = resolve_model("efficientnet_b0").build().train().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    for choice, shown in (("aten", "gemm: 'aten'"), ("auto", "gemm: auto -> ")):
+        events = EventLog()
+        try:
+            get_mode("fused").prepare(model, (x,), {"bench": "train", "fused_gemm": choice},
+                                      events)
+            assert gemm._state["name"] == choice
+        finally:
+            gemm.set_default("auto")
+        assert any(shown in e.message for e in events.events())
