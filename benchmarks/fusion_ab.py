@@ -5,8 +5,9 @@
     python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
     python benchmarks/fusion_ab.py --gemm aten                     # the sites' GEMMs: aten's mm
 
-Three models from one seed: fused with everything ("new"), fused without the fusions named in
---without and/or with aten's 1x1 convs or another GEMM backend ("base"), and eager; train steps in rounds, each round
+Models from one seed: fused with everything ("new"), fused without the fusions named in
+--without ("base"; with --aten-1x1 and/or --gemm alone base is the new model itself, run with
+aten's 1x1 convs or on another GEMM backend), and eager; train steps in rounds, each round
 in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
 Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
 the load average. Both fused sides take NCHW input as given (fused mode's channels-last
@@ -56,8 +57,11 @@ def main(argv=None) -> int:
     x, target = batch_of(a)
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
-    base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute)
     new = build(a.model, cl, True, rebuild=a.fused_recompute)
+    # only the routing differs (--aten-1x1 / --gemm): one model for both sides, so the A/B
+    # carries no difference between two instances' heaps
+    base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute) \
+        if off or a.keep_layout else new
     sides = {"base": (base, functools.partial(_base_within, a), None),
              "new": (new, contextlib.nullcontext,
                      ChannelsLastInside(new) if a.keep_layout else None),

@@ -18,7 +18,7 @@ def test_a_tiny_ab_runs_both_sides(capsys, monkeypatch):
                        "--rounds", "1", "--warmup", "0", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "base/new" in out and "without se_project, aten 1x1" in out
-    assert "se_project" not in built[0] and "se_gate" in built[0] and built[1:] == [None, None]
+    assert "se_project" not in built[1] and "se_gate" in built[1] and built[0::2] == [None, None]
 
 
 def test_keep_layout_ab_runs_channels_last_inside_on_the_new_side(capsys, monkeypatch):
@@ -37,7 +37,9 @@ def test_keep_layout_ab_runs_channels_last_inside_on_the_new_side(capsys, monkey
 def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
     from fusebench.fuse import gemm
     bench = load_benchmark("fusion_ab")
-    seen = []
+    seen, built = [], []
+    real_build = bench.build
+    monkeypatch.setattr(bench, "build", lambda *a, **k: built.append(a[2]) or real_build(*a, **k))
     real = bench.step
     monkeypatch.setattr(bench, "step", lambda *a, **k: seen.append(gemm._state["name"])
                         or real(*a, **k))
@@ -45,3 +47,4 @@ def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
                        "--warmup", "0", "--threads", "1"]) == 0
     assert "(base: aten GEMMs)" in capsys.readouterr().out
     assert sorted(seen) == ["aten", "auto", "auto"] and gemm._state["name"] == "auto"
+    assert built == [True, False]        # one fused model for both sides (and eager)
