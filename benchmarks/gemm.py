@@ -4,11 +4,12 @@
     python benchmarks/gemm.py --model convnext_atto --threads 1
 
 One fused train step runs with every call into fuse/gemm.py recorded (nt, nn, nt_add, wgrad,
-with their operand shapes); then each distinct call is timed on each backend that takes it
-(aten's mm, oneDNN's matmul; for nn also oneDNN given a contiguous copy of the transposed
-weight, which fuse/gemm.py does not do: it hands oneDNN the strided view), interleaved call by call, medians of --reps. Prints ms
-per call and, weighted by how often the step made the call, the step's total per backend and
-pass, with the load average."""
+with their operand shapes); then each distinct call is timed on every route: aten's mm and
+oneDNN's matmul; for nn also oneDNN given a contiguous copy of the transposed weight (which
+fuse/gemm.py does not do: it hands oneDNN the strided view); for wgrad oneDNN's 1x1-conv
+weight gradient (which fuse/gemm.py does not use). Interleaved call by call, medians of
+--reps. Prints ms per call and, weighted by how often the step made the call, the step's
+total per route and pass, with the load average."""
 from __future__ import annotations
 
 import os

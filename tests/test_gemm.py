@@ -3,7 +3,10 @@ is picked (its op in the profile) and aten where it is not; the choice is a usag
 unknown or unavailable; the fused mode reports it and takes --fused-gemm."""
 from __future__ import annotations
 
+import copy
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +14,12 @@ from torch.profiler import profile
 
 from fusebench.errors import UsageError
 from fusebench.fuse import gemm
+from fusebench.fuse import fuse
 from fusebench.fuse.conv1x1 import conv1x1
+from fusebench.measure import correctness as corr
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import convnext_official, nano_gpt  # noqa: E402
 
 AVAILABLE = [n for n, b in gemm.GEMMS.items() if b.missing() is None]
 ONEDNN_OP = "mkldnn::_linear_pointwise"
@@ -150,3 +158,47 @@ def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
         finally:
             gemm.set_default("auto")
         assert any(shown in e.message for e in events.events())
+
+
+def _image(dtype):
+    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(dtype) \
+        .contiguous(memory_format=torch.channels_last)
+
+
+def _tokens(dtype):
+    return torch.randint(0, nano_gpt.VOCAB, (2, nano_gpt.CONTEXT),
+                         generator=torch.Generator().manual_seed(1))
+
+
+ASSETS = {"nano_gpt": (nano_gpt.make, _tokens),
+          "convnext_official": (convnext_official.make, _image)}
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+@pytest.mark.parametrize("name", sorted(ASSETS))
+def test_user_models_in_float32_run_onednn_and_match_float64_eager(name):
+    """Models written as other projects write them (test assets): fused in float32, their MLP
+    sites' GEMMs really run on oneDNN, and the output and every gradient agree with float64
+    eager to float32's precision. (The torchvision-like EfficientNet's 1x1 convs are plain
+    nn.Conv2d calls outside any site: aten's conv runs them, not fuse/gemm.py.)"""
+    factory, inputs = ASSETS[name]
+    torch.manual_seed(0)
+    model = factory().float().train()
+    if inputs is _image:
+        model = model.to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model).double()
+    assert fuse(model, "train").sites
+    out = {}
+
+    def run():
+        out["y"] = model(inputs(torch.float32))
+        out["y"].square().mean().backward()
+
+    assert ONEDNN_OP in _ops(run)
+    r = ref(inputs(torch.float64))
+    r.square().mean().backward()
+    torch.testing.assert_close(out["y"].double(), r, rtol=1e-4, atol=1e-4)
+    got = {n: p.grad.double() for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    errs = corr.grad_errs(got, exp, list(exp), floor=1e-3)
+    assert max(errs.values()) < 1e-3, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
