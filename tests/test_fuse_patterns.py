@@ -48,23 +48,30 @@ ASSETS = {
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
     # every SE's H*W >= its projection's channels at 32 px: all fold into the projection
+    # the expand convs and the head's: pointwise convs no other site took (conv1x1)
+    # and the projections' BNs without an activation (bn_train)
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),),
-                        {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4}),
+                        {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4,
+                         "conv1x1": 4, "bn_train": 4}),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        {"bn_act": 9, "se_gate": 4, "se_project": 4,
-                                        "dwconv": 4}),
+                                        "dwconv": 4, "conv1x1": 4, "bn_train": 4}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
-KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se[", "se_project": "se_project["}
+KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se[", "se_project": "se_project[",
+                 "bn_train": "bn_train["}
 SITE_NAME = {"se_gate": "fused_se"}
+
+
+BY_CALLS = ("ln2d", "conv1x1")     # sites without a MultiOpFunction: counted by site calls
 
 
 def runs(expected: dict) -> dict:
     """The fused Functions a forward runs per pattern: a folded SE + projection site counts as
-    both patterns but runs one se_project Function (ln2d: counted by site calls instead)."""
+    both patterns but runs one se_project Function (BY_CALLS: counted by site calls instead)."""
     return {k: n for k, n in expected.items()
-            if k != "ln2d" and not (k == "se_gate" and "se_project" in expected)}
+            if k not in BY_CALLS and not (k == "se_gate" and "se_project" in expected)}
 
 
 def ran(y: torch.Tensor) -> Counter:
@@ -122,7 +129,7 @@ def test_asset_sites_fuse_and_match_float64_eager(name, site_calls):
     assert list(dict(model.named_parameters()).items()) == list(params.items())
     assert all(params[n] is p for n, p in model.named_parameters())
     graph_sites = {SITE_NAME.get(k, f"fused_{k}"): n for k, n in expected.items()
-                   if k != "dwconv" and (k in runs(expected) or k == "ln2d")}
+                   if k != "dwconv" and (k in runs(expected) or k in BY_CALLS)}
     for _ in range(2):                 # second step: BN running statistics updated alike
         model.zero_grad()
         ref.zero_grad()
@@ -307,9 +314,9 @@ def test_a_hooked_module_is_a_candidate_not_fused():
 
 
 def test_unsupported_activation_is_a_reason():
-    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Hardswish())
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Hardswish())
     result = fuse(model, "train")
-    assert not result.sites
+    assert dict(result.sites) == {"bn_train": 1}      # the BN alone, the activation left as is
     assert any("activation hardswish" in m for k, m in result.notes if k == "not_fused")
 
 
@@ -567,3 +574,23 @@ def test_conv1x1_is_a_gemm_on_channels_last_and_f_conv2d_otherwise(layout, monke
                                rtol=1e-5, atol=1e-5)
     assert calls["conv2d"] == (layout == torch.contiguous_format)
     assert y.is_contiguous(memory_format=layout)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_a_pointwise_conv_into_batch_norm_is_a_conv1x1_site(layout, site_calls):
+    """A user's 1x1 nn.Conv2d feeding a BatchNorm (fused or not) is a conv1x1 site; a 3x3
+    conv, a strided or grouped 1x1 conv, and a 1x1 conv feeding something else are not.
+    Gradients match float64 eager in both layouts."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(),    # 3x3: aten
+        nn.Conv2d(8, 12, 1), nn.BatchNorm2d(12), nn.SiLU(),             # -> bn_act site
+        nn.Conv2d(12, 6, 1, bias=False), nn.BatchNorm2d(6),             # BN alone
+        nn.Conv2d(6, 6, 1, stride=2), nn.BatchNorm2d(6),                # strided: aten
+        nn.Conv2d(6, 6, 1, groups=2), nn.BatchNorm2d(6),                # grouped: aten
+        nn.Conv2d(6, 5, 1)).double().train()                            # into nothing
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert result.sites["conv1x1"] == 2, result.sites
+    assert_matches_eager(model, ref, (image().contiguous(memory_format=layout),))
+    assert site_calls["fused_conv1x1"] == 2

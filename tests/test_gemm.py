@@ -19,7 +19,7 @@ from fusebench.fuse.conv1x1 import conv1x1
 from fusebench.measure import correctness as corr
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import convnext_official, nano_gpt  # noqa: E402
+from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
 
 AVAILABLE = [n for n, b in gemm.GEMMS.items() if b.missing() is None]
 ONEDNN_OP = "mkldnn::_linear_pointwise"
@@ -171,16 +171,17 @@ def _tokens(dtype):
 
 
 ASSETS = {"nano_gpt": (nano_gpt.make, _tokens),
-          "convnext_official": (convnext_official.make, _image)}
+          "convnext_official": (convnext_official.make, _image),
+          "tv_efficientnet": (tv_efficientnet.make, _image)}
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
 @pytest.mark.parametrize("name", sorted(ASSETS))
 def test_user_models_in_float32_run_onednn_and_match_float64_eager(name):
-    """Models written as other projects write them (test assets): fused in float32, their MLP
-    sites' GEMMs really run on oneDNN, and the output and every gradient agree with float64
-    eager to float32's precision. (The torchvision-like EfficientNet's 1x1 convs are plain
-    nn.Conv2d calls outside any site: aten's conv runs them, not fuse/gemm.py.)"""
+    """Models written as other projects write them (test assets): fused in float32, their
+    sites' GEMMs (MLPs; the torchvision-like EfficientNet's pointwise convs, channels-last)
+    really run on oneDNN, and the output and every gradient agree with float64 eager to
+    float32's precision."""
     factory, inputs = ASSETS[name]
     torch.manual_seed(0)
     model = factory().float().train()

@@ -72,21 +72,26 @@ class MBConv(nn.Module):
 
 # (expand ratio, kernel, stride, in, out, layers), a shrunk B0 table
 STAGES = ((1, 3, 1, 8, 8, 1), (4, 3, 2, 8, 12, 2), (4, 5, 2, 12, 16, 1))
+# B0's own table (torchvision's efficientnet_b0): for benchmarks at a real width
+B0_STAGES = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2),
+             (6, 3, 2, 40, 80, 3), (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4),
+             (6, 3, 1, 192, 320, 1))
 
 
 class EfficientNet(nn.Module):
-    def __init__(self, num_classes=10, act=nn.SiLU, se_spelling="conv"):
+    def __init__(self, num_classes=10, act=nn.SiLU, se_spelling="conv", stages=STAGES,
+                 head=64):
         super().__init__()
         se_cls = SqueezeExcitation if se_spelling == "conv" else LinearSqueezeExcitation
-        layers = [Conv2dNormActivation(3, STAGES[0][3], 3, 2, activation_layer=act)]
-        for e, k, s, cin, cout, n in STAGES:
+        layers = [Conv2dNormActivation(3, stages[0][3], 3, 2, activation_layer=act)]
+        for e, k, s, cin, cout, n in stages:
             layers.append(nn.Sequential(*[MBConv(cin if i == 0 else cout, cout, e, k,
                                                  s if i == 0 else 1, act, se_cls)
                                           for i in range(n)]))
-        layers.append(Conv2dNormActivation(STAGES[-1][4], 64, 1, activation_layer=act))
+        layers.append(Conv2dNormActivation(stages[-1][4], head, 1, activation_layer=act))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Dropout(0.0), nn.Linear(64, num_classes))
+        self.classifier = nn.Sequential(nn.Dropout(0.0), nn.Linear(head, num_classes))
 
     def forward(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -97,3 +102,8 @@ def make(**kw):
 
 
 make_relu_linear_se = partial(make, act=nn.ReLU, se_spelling="linear")
+
+
+def make_b0(**kw):
+    """The same layout at B0's widths and depths, 1000 classes (benchmarks/fusion_ab.py)."""
+    return EfficientNet(**{"num_classes": 1000, "stages": B0_STAGES, "head": 1280, **kw})

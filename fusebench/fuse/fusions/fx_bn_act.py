@@ -16,6 +16,7 @@ from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 _BC = (slice(None), None, None)                  # (C,) -> (C, 1, 1)
+SITE_NAME = "fused_bn_act"
 
 
 def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float) -> MultiOpKernel:
@@ -47,7 +48,7 @@ def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
             return train_bn_act(bn, c, impl, act, name, "bn_act")
         kernel = bn_eval_kernel(act, bn.running_mean, bn.running_var, bn.eps)
         return run_ops(kernel, c, ((bn.weight, bn.bias),))
-    return Site("fused_bn_act", run)
+    return Site(SITE_NAME, run)
 
 
 @register_pattern("bn_act", benches=("train",))

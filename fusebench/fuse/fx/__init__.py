@@ -39,20 +39,22 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         scope = Scope(gm, ctx, path, m)
         changed = False
         erased: set = set()
-        for node in list(gm.graph.nodes):
-            if node in erased:
-                continue
-            for p in patterns:
-                res = p.scan(node, scope)
-                if isinstance(res, Hit):
-                    res = _hooks(res, gm) or res
-                if isinstance(res, Miss):
-                    misses[(res.pattern, res.reason)].append(_where(path, node))
-                elif isinstance(res, Hit):
-                    changed |= _apply(gm, m, res, erased, ctx)
-                    sites.update((res.pattern, *res.also))
-                if res is not None:
-                    break
+        for sweep in sorted({p.sweep for p in patterns}):
+            tried = [p for p in patterns if p.sweep == sweep]
+            for node in list(gm.graph.nodes):
+                if node in erased:
+                    continue
+                for p in tried:
+                    res = p.scan(node, scope)
+                    if isinstance(res, Hit):
+                        res = _hooks(res, gm) or res
+                    if isinstance(res, Miss):
+                        misses[(res.pattern, res.reason)].append(_where(path, node))
+                    elif isinstance(res, Hit):
+                        changed |= _apply(gm, m, res, erased, ctx)
+                        sites.update((res.pattern, *res.also))
+                    if res is not None:
+                        break
         if changed:
             gm.graph.lint()
             install(m, gm)

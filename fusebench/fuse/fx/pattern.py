@@ -54,6 +54,7 @@ class GraphPattern:
     benches: tuple[str, ...]
     description: str = ""
     before: str | None = None             # a plugin's pattern: tried before this one
+    sweep: int = 0                        # 1: tried in a second sweep, on what sweep 0 left
 
 
 @dataclass
@@ -69,16 +70,20 @@ PATTERNS: Registry[GraphPattern] = Registry("graph pattern")
 
 
 def register_pattern(name: str, benches=("train",), description: str = "",
-                     before: str | None = None):
+                     before: str | None = None, sweep: int = 0):
     """Decorator: `scan(node, scope) -> Hit | Miss | None` becomes graph pattern `name`. A
     pattern outside fuse.GRAPH_ORDER (a plugin's) is tried after the built-in ones, or just
-    before the pattern named `before` (at a node both would match, the first one wins)."""
+    before the pattern named `before` (at a node both would match, the first one wins).
+    Patterns are tried node by node, so a pattern that must see only what every other one
+    left (a single conv another site may absorb at a later node) takes `sweep=1`: a second
+    walk over the graph after the first."""
     if before is not None and before not in PATTERNS:
         raise UsageError(f"graph pattern {name!r}: before={before!r} is not a graph pattern "
                          f"(known: {', '.join(PATTERNS.names())})")
 
     def deco(fn):
         PATTERNS.add(name, GraphPattern(name, fn, tuple(benches),
-                                        description or first_line(fn.__doc__, None), before))
+                                        description or first_line(fn.__doc__, None), before,
+                                        sweep))
         return fn
     return deco
