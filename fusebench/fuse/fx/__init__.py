@@ -41,20 +41,7 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         erased: set = set()
         for sweep in sorted({p.sweep for p in patterns}):
             tried = [p for p in patterns if p.sweep == sweep]
-            for node in list(gm.graph.nodes):
-                if node in erased:
-                    continue
-                for p in tried:
-                    res = p.scan(node, scope)
-                    if isinstance(res, Hit):
-                        res = _hooks(res, gm) or res
-                    if isinstance(res, Miss):
-                        misses[(res.pattern, res.reason)].append(_where(path, node))
-                    elif isinstance(res, Hit):
-                        changed |= _apply(gm, m, res, erased, ctx)
-                        sites.update((res.pattern, *res.also))
-                    if res is not None:
-                        break
+            changed |= _sweep(scope, tried, erased, sites, misses)
         if changed:
             gm.graph.lint()
             install(m, gm)
@@ -63,6 +50,27 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         ctx.notes.append(("not_fused", f"{pattern}: {len(where)} candidate(s) not fused: "
                                        f"{reason} (at {', '.join(where[:3])}{more})"))
     return sites
+
+
+def _sweep(scope: Scope, patterns: list, erased: set, sites: Counter, misses: dict) -> bool:
+    """One walk over scope's graph, each node tried against `patterns` in order (the first
+    that answers takes it); True when the graph changed."""
+    gm, changed = scope.gm, False
+    for node in list(gm.graph.nodes):
+        if node in erased:
+            continue
+        for p in patterns:
+            res = p.scan(node, scope)
+            if isinstance(res, Hit):
+                res = _hooks(res, gm) or res
+            if isinstance(res, Miss):
+                misses[(res.pattern, res.reason)].append(_where(scope.path, node))
+            elif isinstance(res, Hit):
+                changed |= _apply(gm, scope.m, res, erased, scope.ctx)
+                sites.update((res.pattern, *res.also))
+            if res is not None:
+                break
+    return changed
 
 
 def _where(path: str, node: fx.Node) -> str:
