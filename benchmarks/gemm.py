@@ -31,43 +31,42 @@ def _lp(a, w, b=None):
     return torch.ops.mkldnn._linear_pointwise(a, w, b, "none", [], "")
 
 
-# pass -> route -> fn(a, w): what each recorded call can run as
+# pass -> route -> fn(*operands), the operands as the step passed them (bias None or not)
+_ATEN, _ONEDNN = gemm.GEMMS["aten"], gemm.GEMMS["onednn"]
 ROUTES = {
-    "nt": {"aten": lambda a, w: torch.nn.functional.linear(a, w), "onednn": _lp},
-    "nt_add": {"aten": lambda a, w: gemm.GEMMS["aten"].nt_add(torch.zeros_like(a[..., :1])
-                                                              .expand(*a.shape[:-1], w.shape[0])
-                                                              .contiguous(), a, w, None),
-               "onednn": lambda a, w: _lp(a, w)},
-    "nn": {"aten": lambda a, w: a @ w, "onednn": gemm.GEMMS["onednn"].nn,
+    "nt": {"aten": _ATEN.nt, "onednn": _ONEDNN.nt},
+    "nt_add": {"aten": _ATEN.nt_add, "onednn": _ONEDNN.nt_add},
+    "nn": {"aten": _ATEN.nn, "onednn": _ONEDNN.nn,
            "onednn copy": lambda a, w: _lp(a, w.t().contiguous())},
     "wgrad": {"aten": gemm.wgrad, "onednn conv": lambda dy, x: _conv_wgrad(dy, x)},
 }
 
 
-def _as_image(t):
-    """(N, H, W, C) -> its NCHW channels-last view; (..., C) rows -> (1, C, 1, rows)."""
-    if t.dim() == 4:
+def _as_image(t, image: bool):
+    """(N, H, W, C) -> its NCHW channels-last view; else (..., C) rows -> (1, C, 1, rows)."""
+    if image:
         return t.permute(0, 3, 1, 2)
     return t.reshape(-1, t.shape[-1]).t()[None, :, None, :]
 
 
 def _conv_wgrad(dy, x):
-    """dy^T x as a 1x1 conv's weight gradient (oneDNN's, through aten)."""
+    """dy^T x as a 1x1 conv's weight gradient (oneDNN's, through aten); the image view where
+    both are (N, H, W, C) alike, the rows view otherwise (an MLP's flattened dy)."""
+    image = dy.dim() == x.dim() == 4 and dy.shape[:3] == x.shape[:3]
     return torch.ops.aten.convolution_backward(
-        _as_image(dy), _as_image(x), torch.empty(dy.shape[-1], x.shape[-1], 1, 1), None,
+        _as_image(dy, image), _as_image(x, image), torch.empty(dy.shape[-1], x.shape[-1], 1, 1), None,
         (1, 1), (0, 0), (1, 1), False, (0, 0), 1, (False, True, False))[1]
 
 
 def record(a) -> Counter:
-    """(pass, a shape, w shape) -> calls in one fused train step."""
+    """(pass, operand shapes, None for an absent bias) -> calls in one fused train step."""
     calls: Counter = Counter()
     originals = {k: getattr(gemm, k) for k in ROUTES}
 
     def spy(name):
-        def f(*args, **kwargs):
-            ops = args[1:3] if name == "nt_add" else args[:2]
-            calls[(name, tuple(ops[0].shape), tuple(ops[1].shape))] += 1
-            return originals[name](*args, **kwargs)
+        def f(*args):
+            calls[(name, *(None if t is None else tuple(t.shape) for t in args))] += 1
+            return originals[name](*args)
         return f
     x, target = batch_of(a)
     model = build(a.model, not a.nchw, True)
@@ -84,19 +83,18 @@ def record(a) -> Counter:
 def time_calls(calls: Counter, reps: int) -> dict:
     """(pass, shapes) -> route -> median ms, the routes interleaved call by call."""
     out = {}
-    for (name, sa, sw) in calls:
-        a, w = torch.randn(sa), torch.randn(sw)
-        if name == "wgrad":                 # wgrad(dy, x): both are (rows, channels)
-            w = torch.randn(*sa[:-1], sw[-1])
+    for key in calls:
+        name, *shapes = key
+        ops = [None if s is None else torch.randn(s) for s in shapes]
         routes = ROUTES[name]
         times: dict[str, list[float]] = {r: [] for r in routes}
         for i in range(reps + 2):
             for r, fn in routes.items():
                 t0 = time.perf_counter()
-                fn(a, w)
+                fn(*ops)
                 if i >= 2:
                     times[r].append(1e3 * (time.perf_counter() - t0))
-        out[(name, sa, sw)] = {r: statistics.median(v) for r, v in times.items()}
+        out[key] = {r: statistics.median(v) for r, v in times.items()}
     return out
 
 
@@ -115,11 +113,12 @@ def main(argv=None) -> int:
     totals: dict[tuple[str, str], float] = Counter()
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads}, b{a.batch} "
           f"{a.img}px: ms per call (medians of {a.reps}), calls per step")
-    for key in sorted(got, key=lambda k: (k[0], k[1])):
-        name, sa, sw = key
+    for key in sorted(got, key=str):
+        name, *shapes = key
         n = calls[key]
         cells = "  ".join(f"{r} {ms:.3f}" for r, ms in got[key].items())
-        print(f"  {name:6s} {str(sa):22s} x {str(sw):12s} x{n}: {cells}")
+        operands = " x ".join(str(s) for s in shapes if s is not None)
+        print(f"  {name:6s} {operands:40s} x{n}: {cells}")
         for r, ms in got[key].items():
             totals[(name, r)] += n * ms
     print("per step:")

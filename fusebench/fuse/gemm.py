@@ -49,15 +49,11 @@ def _aten_nt_add(res, a, w, b):
     return acc
 
 
-def _onednn_op():
-    return getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-
-
 def _onednn_missing() -> str | None:
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (MKLDNN)"
     try:
-        _onednn_op().default
+        torch.ops.mkldnn._linear_pointwise.default
     except (AttributeError, RuntimeError):
         return "this torch build has no torch.ops.mkldnn._linear_pointwise"
     return None

@@ -29,8 +29,8 @@ def bn_train_site(impl: BnActImpl | None) -> Site:
 def bn_train(n, scope):
     """BatchNorm2d with no activation fused after it -> one Function on the bn_act kernel."""
     m = N.module(n) if N.op(n) == "batch_norm" else None
-    if m is None:
-        return None
-    if type(m) is not nn.BatchNorm2d or not (m.affine and m.track_running_stats):
+    if type(m) is not nn.BatchNorm2d:
+        return None             # functional, 1-D, Sync...: not a candidate of this pattern
+    if not (m.affine and m.track_running_stats):
         return Miss("bn_train", "BatchNorm without affine parameters or running statistics")
     return Hit("bn_train", n, bn_train_site(scope.ctx.bn_act()), (N.x_of(n), Attr(n.target)))
