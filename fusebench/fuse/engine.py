@@ -7,6 +7,7 @@ the gradients; backward never calls `parameters()`. Under FSDP1(use_orig_params=
 with "Expected op 0 to generate 0 param grads, but got 2"."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ class MultiOpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, *flat):
         y, saved = kernel.fwd(x, split_groups(flat, counts))
-        save_entries(ctx, kernel, counts, saved, flat)
+        save_entries(ctx, kernel, counts, saved, flat, x)
         return y
 
     @staticmethod
@@ -49,7 +50,8 @@ class MultiOpFunction(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, groups = (_rebuilt(tensors[:ctx.n_saved], ctx.recipes),
                          split_groups(tensors[ctx.n_saved:], ctx.counts))
-        dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
+        with backward_autocast(ctx.autocast):
+            dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
         for i, (g, dg) in enumerate(zip(groups, dgroups)):
             if len(dg) != len(g):
                 raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
@@ -57,9 +59,26 @@ class MultiOpFunction(torch.autograd.Function):
         return (None, None, dx, *[d for dg in dgroups for d in dg])
 
 
-def save_entries(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], saved, flat) -> None:
+def forward_autocast(x: torch.Tensor) -> tuple[str, torch.dtype] | None:
+    """(device type, dtype) of the autocast region forward runs in; None outside one."""
+    dev = x.device.type
+    return (dev, torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else None
+
+
+def backward_autocast(state: tuple[str, torch.dtype] | None):
+    """Backward in forward's autocast region, as torch.amp.custom_bwd does: autograd runs
+    backward outside it, so a kernel's GEMMs and convs would meet the bf16/fp16 activations
+    they made in forward with the fp32 parameters, and fail on the mixed dtypes."""
+    return contextlib.nullcontext() if state is None else torch.autocast(state[0],
+                                                                         dtype=state[1])
+
+
+def save_entries(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], saved, flat,
+                 x: torch.Tensor) -> None:
     """What MultiOpFunction.backward reads: the kernel, the per-op parameter counts (captured
-    here, in forward), and the saved entries (a Recompute saves its own tensors)."""
+    here, in forward), forward's autocast region, and the saved entries (a Recompute saves its
+    own tensors)."""
+    ctx.autocast = forward_autocast(x)
     ctx.recipes = tuple(s if isinstance(s, Recompute) else None for s in saved)
     tensors = [t for s in saved for t in (s.tensors if isinstance(s, Recompute) else (s,))]
     ctx.kernel, ctx.counts, ctx.n_saved = kernel, counts, len(tensors)

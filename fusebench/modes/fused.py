@@ -34,6 +34,12 @@ class Fused(Mode):
                    help="fused: the library the fused sites' GEMMs (1x1 convs on channels-last "
                         "views, MLP linears) run on: auto (oneDNN's matmul where torch has it "
                         "and the operands suit it, else aten's mm), onednn, aten."),
+        ModeOption("fused_bn_act", str, choices=("auto", "aten", "cpu", "triton"),
+                   default="auto",
+                   help="fused: the BN(train) + activation kernel: auto (the C++ kernel on CPU, "
+                        "aten's sequence on CUDA until the Triton kernel wins there), aten, cpu, "
+                        "triton; one that cannot run here runs aten's sequence with a "
+                        "kernel_fallback event."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -53,7 +59,9 @@ class Fused(Mode):
         bench = options.get("bench", "train")
         opt_in = ("ln_linear",) if self.opts(options)["fused_ln_linear"] else ()
         device = device_of(model, example_inputs)
-        result = fuse(model, bench, device, opt_in=opt_in)
+        bn_act = self.opts(options)["fused_bn_act"]
+        impls = {} if bn_act == "auto" else {"bn_act": bn_act}
+        result = fuse(model, bench, device, impls=impls, opt_in=opt_in)
         for category, msg in result.notes:
             events.add(category, "fuser", msg)
         for fusion, n in result.sites.items():

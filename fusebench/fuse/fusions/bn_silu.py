@@ -21,6 +21,14 @@ from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvBNAct
 
 
+def bn_affine(c: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """c * scale + shift per channel, in c's dtype: under autocast c is bf16/fp16 and the (C,)
+    scale and shift fp32, and batch norm returns c's dtype there (so must its recomputation,
+    or a bf16 backward is handed fp32 tensors)."""
+    y = torch.addcmul(shift[:, None, None], c, scale[:, None, None])
+    return y if y.dtype == c.dtype else y.to(c.dtype)
+
+
 def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
                        eps: float, prefix: str = "bn_silu", stats: dict | None = None
                        ) -> MultiOpKernel:
@@ -39,7 +47,7 @@ def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
         (c, mean, invstd), ((w, b),) = saved, groups
         scale = invstd * w                                  # (C,): y = c * scale + shift
         shift = b - mean * scale
-        y = torch.addcmul(shift[:, None, None], c, scale[:, None, None])
+        y = bn_affine(c, scale, shift)
         dx, dw, db = torch.ops.aten.native_batch_norm_backward(
             silu.bwd(dy, y), c, w, None, None, mean, invstd, True, 0.0, (True, True, True))
         return dx, ((dw, db),)
@@ -99,7 +107,7 @@ def _kernel_rebuild(apply, act: str, c, mean, invstd, w, b) -> torch.Tensor:
 
 def _aten_rebuild(fwd, c, mean, invstd, w, b) -> torch.Tensor:
     scale = invstd * w                                      # as aten_bn_act_kernel's backward
-    return fwd(torch.addcmul((b - mean * scale)[:, None, None], c, scale[:, None, None]))
+    return fwd(bn_affine(c, scale, b - mean * scale))
 
 
 class FusedConvBNSiLU(FusedModule):

@@ -10,7 +10,7 @@ import torch
 
 from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.bn_silu import train_bn_act
+from fusebench.fuse.fusions.bn_silu import bn_affine, train_bn_act
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
@@ -24,16 +24,17 @@ def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float) -> MultiOpK
         (w, b), = groups
         inv = torch.rsqrt(running_var + eps)
         scale, shift = w * inv, b - running_mean * w * inv
-        return act.fwd(torch.addcmul(shift[_BC], x, scale[_BC])), (x,)
+        return act.fwd(bn_affine(x, scale, shift)), (x,)
 
     def bwd(dy, saved, groups):
         (x,), ((w, b),) = saved, groups
         inv = torch.rsqrt(running_var + eps)
         scale = w * inv
-        z = torch.addcmul((b - running_mean * scale)[_BC], x, scale[_BC])   # recomputed
+        z = bn_affine(x, scale, b - running_mean * scale)   # recomputed
         dz = act.bwd(dy, z)
         dscale, dshift = (dz * x).sum((0, 2, 3)), dz.sum((0, 2, 3))
-        return dz * scale[_BC], ((inv * (dscale - running_mean * dshift), dshift),)
+        dx = dz * scale[_BC]
+        return dx.to(x.dtype), ((inv * (dscale - running_mean * dshift), dshift),)
     return MultiOpKernel(f"bn_eval_act[{act.impl}]", fwd, bwd)
 
 

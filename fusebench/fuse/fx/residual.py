@@ -13,7 +13,7 @@ class ResidualOpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel: MultiOpKernel, counts: tuple[int, ...], x, res, *flat):
         y, saved = kernel.fwd(x, split_groups(flat, counts), res)
-        save_entries(ctx, kernel, counts, saved, flat)
+        save_entries(ctx, kernel, counts, saved, flat, x)
         return y
 
     @staticmethod
