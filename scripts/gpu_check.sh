@@ -1,42 +1,60 @@
 #!/usr/bin/env bash
-# Every GPU path of fusebench in about 5 minutes of device time, for a lent GPU machine that got
+# Every GPU path of fusebench in at most 7.5 minutes (BUDGET) of device time, for a lent GPU machine that got
 # a copy of this repository:
 #   OUT=/some/dir bash scripts/gpu_check.sh
-# Steps: `fusebench env`; `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16
-# (L2-flushed step time vs graph-replayed device time, launch_bound events, Triton in
-# cudagraphs mode too); `run efficientnet_b3 --channels-last --amp` at the model's standard
-# batch in every mode (cudagraphs included) plus compile reduce-overhead and fused cudagraphs;
-# NVML telemetry in the records. Then scripts/gpu_summary.py writes $OUT/summary.json and
-# prints each issue-16 target as met / missed with its number.
+# Steps, most needed first (a step that would start after BUDGET seconds is skipped, said in
+# its log line; each has its own time limit and a failing step does not stop the others):
+#   1. `fusebench env`.
+#   2. scripts/gpu_kernels.py: every kernel family's impls (Triton ones included) on CUDA in one
+#      process, fp32 and bf16, NCHW and channels-last: forward and gradients vs float64, times.
+#   3. issue 15: `run efficientnet_b3 --channels-last` train, AMP bf16, at the model's standard
+#      batch: eager, fused and compile side by side (2 worker processes each), then fused with
+#      the Triton BN+act kernel (`--fused-bn-act triton`; CUDA's default is aten's sequence).
+#   4. issue 16: `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16 (L2-flushed
+#      step time vs graph-replayed device time, launch_bound events), every other mode of b3
+#      (cudagraphs included), compile reduce-overhead and fused cudagraphs.
+# Then scripts/gpu_summary.py writes $OUT/summary.json and prints each target as met / missed
+# with its number, and the fused mode's ratios (against eager and compile) and activation bytes.
+# SKIP="kernels env" leaves those steps out (a rerun after a partial check).
 # AMP: bf16 autocast (`--amp-dtype bfloat16`; plain `--amp` is fp16 on CUDA).
-# Each step has its own time limit, a failing step does not stop the others, and a step that
-# would start after BUDGET seconds is skipped (said in its log line).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fusebench-gpu-check}
-BUDGET=${BUDGET:-300}
+BUDGET=${BUDGET:-450}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FB="$PY -m fusebench"
 T0=$SECONDS
 
-# a bare machine: install the package itself when it does not import (deps from what is there)
-if ! $PY -c "import fusebench.cli" >/dev/null 2>&1; then
-    if $PY -c "import torch" >/dev/null 2>&1; then
-        $PY -m pip install -q -e . --no-deps >"$OUT/pip.log" 2>&1
-    else
-        $PY -m pip install -q -e . >"$OUT/pip.log" 2>&1
-    fi
-    echo "== pip install: rc=$? (log $OUT/pip.log)"
+# The device's image has its own packages and no index: install the wheels carried in .whl/
+# (scripts/gpu_wheels.sh makes them here), then stop at once, before any step spends the lease,
+# if a declared dependency is still missing (the package itself runs from PYTHONPATH).
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/fusebench-site .whl/*.whl >"$OUT/wheels.log" 2>&1
+    echo "== wheels from .whl: rc=$? (log $OUT/wheels.log)"
+    export PYTHONPATH="/tmp/fusebench-site:$PYTHONPATH"
+fi
+if ! $PY scripts/missing_deps.py >"$OUT/missing_deps.txt" 2>&1; then
+    echo "== missing dependencies (carry wheels: bash scripts/gpu_wheels.sh NAME ..., then name"
+    echo "   .whl in the device call's carry):"
+    cat "$OUT/missing_deps.txt"
+    exit 3
 fi
 
 step() {  # step NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log, say how it went
     local name=$1 limit=$2; shift 2
+    case " ${SKIP:-} " in *" $name "*) echo "== $name: skipped (SKIP)"; return;; esac
     local used=$((SECONDS - T0))
     if [ "$used" -ge "$BUDGET" ]; then
         echo "== $name: skipped, ${used} s of the ${BUDGET} s budget used"
         return
+    fi
+    local left=$((BUDGET - used))
+    if [ "$limit" -gt "$left" ]; then   # the check as a whole ends inside its budget
+        echo "== $name: limit cut from $limit s to the budget's last $left s"
+        limit=$left
     fi
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -49,6 +67,14 @@ nvidia-smi -L 2>&1 | tee "$OUT/nvidia-smi.txt"
 step env 40 $FB env --device cuda
 $FB env --json --device cuda >"$OUT/env.json" 2>/dev/null
 
+step kernels 180 $PY scripts/gpu_kernels.py "$OUT/kernels" --device cuda
+
+EFF=(efficientnet_b3 --channels-last --amp-dtype bfloat16 --device cuda --warmup 5 --steps 20 --warm-cache)
+step run_effnet_fused 270 $FB run "${EFF[@]}" -m eager,fused,compile --repeat 2 --timeout 220 \
+    --out "$OUT/run"
+step run_effnet_fused_bn_act_triton 60 $FB run "${EFF[@]}" -m fused --fused-bn-act triton \
+    --repeat 1 --timeout 55 --out "$OUT/run"
+
 LN2D=(--shape 32,96,56,56 --direction fwdbwd --device cuda --warmup 5 --steps 20 --timeout 60)
 for dt in float32 bfloat16; do
     step "kernel_ln2d_$dt" 70 $FB kernel ln2d --impl all --dtype "$dt" "${LN2D[@]}" \
@@ -57,12 +83,12 @@ for dt in float32 bfloat16; do
         --dtype "$dt" "${LN2D[@]}" --out "$OUT/kernel_$dt"
 done
 
-EFF=(efficientnet_b3 --channels-last --amp-dtype bfloat16 --device cuda --warmup 3 --steps 10 --warm-cache)
-step run_effnet_all 150 $FB run "${EFF[@]}" -m all --timeout 140 --out "$OUT/run"
+step run_effnet_other_modes 150 $FB run "${EFF[@]}" -m aot,torchscript,cudagraphs --repeat 1 \
+    --timeout 140 --out "$OUT/run"
 step run_effnet_reduce_overhead 60 $FB run "${EFF[@]}" -m compile --compile-mode reduce-overhead \
-    --timeout 55 --out "$OUT/run"
+    --repeat 1 --timeout 55 --out "$OUT/run"
 step run_effnet_cudagraphs_fused 40 $FB run "${EFF[@]}" -m cudagraphs --cudagraphs-step fused \
-    --timeout 35 --out "$OUT/run"
+    --repeat 1 --timeout 35 --out "$OUT/run"
 
 $PY scripts/gpu_summary.py "$OUT" --seconds $((SECONDS - T0)) --out "$OUT/summary.json"
 echo "== done in $((SECONDS - T0)) s; results under $OUT"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.spec import Event
+from fusebench.spec import CellSpec, Event
 from tests.factories import kernel_record, model_record, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +33,11 @@ gs = _summary_module()
 def test_script_parses_and_installs_itself_when_needed():
     subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], check=True)
     text = (ROOT / "scripts/gpu_check.sh").read_text()
-    assert "pip install -q -e . --no-deps" in text and "gpu_summary.py" in text
+    assert "scripts/missing_deps.py" in text and "gpu_summary.py" in text
+    assert ".whl/*.whl" in text and "exit 3" in text
     for needle in ("-m cudagraphs", "--compile-mode reduce-overhead", "--impl all",
-                   "bfloat16", "efficientnet_b3", "--channels-last", "-m all", "env"):
+                   "bfloat16", "efficientnet_b3", "--channels-last", "-m eager,fused,compile",
+                   "--fused-bn-act triton", "scripts/gpu_kernels.py", "env"):
         assert needle in text, needle
 
 
@@ -71,10 +73,16 @@ def test_summary_judges_gpu_figures(tmp_path):
                          extra={"energy_per_sample_j": 0.01})
             for i, (m, ms) in enumerate(speed.items())]
     recs.append(model_record("efficientnet_b3", "torchscript", device="cuda", status="error"))
+    # the Triton BN+act variant: 0.6x eager's activation bytes, 1.25x its throughput
+    recs.append(model_record("efficientnet_b3", "fused", base_ms=80.0, device="cuda",
+                             activation_bytes=360_000_000, spec=CellSpec.for_model(
+                                 "efficientnet_b3", "fused", batch_size=8, img_size=224,
+                                 device="cuda", mode_options={"fused_bn_act": "triton"})))
     recs += [_gpu_kernel("triton", "float32", 91.0, launch_bound=True),
-             _gpu_kernel("triton", "bfloat16", 70.0)]
+             _gpu_kernel("triton", "bfloat16", 70.0),
+             _gpu_kernel("triton", "float32", 10.0).replace(status="mismatch")]
     write_results(tmp_path / "run" / "r.json", recs)
-    s = gs.summarize(gs.records_under(tmp_path), seconds=400.0)
+    s = gs.summarize(gs.records_under(tmp_path), seconds=500.0)
     v = _verdicts(s)
     assert v["ln2d_fwdbwd_fp32_pct_of_copy"] == ("met", 91.0)
     assert v["ln2d_fwdbwd_bf16_pct_of_copy"] == ("missed", 70.0)
@@ -83,7 +91,17 @@ def test_summary_judges_gpu_figures(tmp_path):
     assert verdict == "missed" and ratio == pytest.approx(80 / 90, rel=0.05)
     assert v["effnet_b3_cudagraphs_over_eager"][0] == "met"
     assert v["cells_with_energy"] == ("met", 4.0)
-    assert v["check_seconds"] == ("missed", 400.0)
+    assert v["check_seconds"] == ("missed", 500.0)
+    assert v["triton_kernel_cells_not_ok"] == ("missed", 1.0)
+    assert v["effnet_b3_fused_over_eager"][0] == "met"
+    assert v["effnet_b3_fused_over_eager"][1] == pytest.approx(100 / 90, rel=0.05)
+    assert v["effnet_b3_fused_activation_over_eager"] == ("missed", 1.0)
+    by_mode = {f["mode"]: f for f in s["fused"]}
+    tri = by_mode["fused[fused_bn_act=triton]"]
+    assert tri["activation_over_eager"] == pytest.approx(0.6)
+    assert tri["over_eager"] == pytest.approx(100 / 80, rel=0.05)
+    assert tri["over_compile"] == pytest.approx(1.0, rel=0.05)
+    assert any("NOT OK kernel ln2d triton float32" in line for line in gs.lines(s))
     assert s["launch_bound"] == ["triton/eager/float32"]
     assert any(line.startswith("     met") for line in gs.lines(s))
 

@@ -1,0 +1,106 @@
+"""The GPU check's helpers on a machine without a GPU: scripts/missing_deps.py (what the device
+image lacks of pyproject's dependencies), gpu_check.sh stopping before any step when one is
+missing, and scripts/gpu_kernels.py running the kernel cells in one process (Triton under
+TRITON_INTERPRET=1 on CPU tensors) into a results document gpu_summary.py reads."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusebench.results.document import load_records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+md = _script("missing_deps")
+
+
+def _pyproject(tmp_path: Path, deps: list[str]) -> Path:
+    p = tmp_path / "pyproject.toml"
+    p.write_text("[project]\nname = 'x'\ndependencies = [" + ", ".join(repr(d) for d in deps)
+                 + "]\n[project.optional-dependencies]\ntest = ['pytest>=7']\n")
+    return p
+
+
+def test_this_environment_has_every_declared_dependency():
+    assert md.main([]) == 0
+    assert md.main(["--extra", "test"]) == 0
+
+
+def test_missing_and_too_old_are_listed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(md, "PYPROJECT", _pyproject(
+        tmp_path, ["torch>=2.4", "no-such-package-fusebench>=1", "pytest>=999"]))
+    assert md.main([]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2
+    assert out[0].startswith("no-such-package-fusebench>=1") and "not installed" in out[0]
+    assert out[1].startswith("pytest>=999") and "installed: " in out[1]
+
+
+def test_pin_prints_installed_versions_and_unknown_extra_is_usage_error(tmp_path, monkeypatch,
+                                                                        capsys):
+    import pytest as pt
+    monkeypatch.setattr(md, "PYPROJECT", _pyproject(tmp_path, ["pytest>=7"]))
+    assert md.main(["--pin"]) == 0
+    assert capsys.readouterr().out.strip() == f"pytest=={pt.__version__}"
+    assert md.main(["--extra", "nope"]) == 2
+    assert "no optional-dependency group" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_gpu_check_stops_before_any_step_when_a_dependency_is_missing(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    for f in ("gpu_check.sh", "missing_deps.py"):
+        shutil.copy(ROOT / "scripts" / f, tmp_path / "scripts" / f)
+    _pyproject(tmp_path, ["no-such-package-fusebench>=1"])
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(tmp_path / "scripts/gpu_check.sh")], capture_output=True,
+                       text=True, timeout=60,
+                       env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "no-such-package-fusebench>=1  (not installed)" in r.stdout
+    assert not (out / "env.log").exists()       # no step started
+
+
+gk = _script("gpu_kernels")
+
+
+def test_gpu_kernels_runs_every_impl_in_one_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rc = gk.main([str(tmp_path), "--device", "cpu", "--families", "silu,bn_act",
+                  "--dtypes", "float32", "--shape", "2,8,4,4", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    _, recs = load_records(tmp_path / "kernels.json")
+    got = {(r.spec.kernel.family, r.spec.kernel.impl, r.spec.channels_last): r for r in recs}
+    for fam in ("silu", "bn_act"):
+        for cl in (False, True):
+            r = got[(fam, "triton", cl)]
+            assert r.status == "ok" and r.correctness.passed
+            assert r.correctness.max_rel_err_grad < 1e-5
+    assert len(out.splitlines()) == len(recs) + 1
+    gs = _script("gpu_summary")
+    s = gs.summarize(gs.records_under(tmp_path))
+    assert {r["family"] for r in s["kernels"]} == {"silu", "bn_act"}
+    assert json.dumps(s, default=str)
+
+
+def test_gpu_kernels_unknown_family_is_usage_error(tmp_path, capsys):
+    assert gk.main([str(tmp_path), "--families", "nope"]) == 2
+    assert "unknown kernel families" in capsys.readouterr().err
+    assert not (tmp_path / "kernels.json").exists()
