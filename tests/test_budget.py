@@ -159,6 +159,17 @@ def test_outline_says_cells_batch_steps_and_time():
     total3, _, first3 = outline.estimate(specs, [1.6, 1.6], repeat=3)
     assert first < first3 < 3 * first          # one cold compile, then the cell's warm cache
     assert total3 > total                      # three starts, warm-ups and checks
+    assert "AMP" not in text
+
+
+@pytest.mark.parametrize("amp_dtype, device, shown", [("bfloat16", "cuda", "AMP bfloat16"),
+                                                      (None, "cuda", "AMP float16"),
+                                                      (None, "cpu", "AMP bfloat16")])
+def test_outline_says_when_the_cells_run_under_autocast(amp_dtype, device, shown):
+    specs = [dataclasses.replace(s, device=device).with_model(amp=True, amp_dtype=amp_dtype)
+             for s in plan_run(RunRequest(models="efficientnet_b3", modes="eager",
+                                          device="cpu"))]
+    assert f"float32, {shown} autocast" in outline.describe(specs)[1]
 
 
 # ------------------------------------------------------------------------ progress protocol

@@ -81,6 +81,16 @@ def short(model: str) -> str:
     return model.rsplit("/", 1)[-1]
 
 
+def _amp_text(spec: CellSpec) -> str:
+    """', AMP bfloat16 autocast' when the cells run under autocast (parameters stay in dtype)."""
+    m = spec.model
+    if m is None or not m.amp:
+        return ""
+    from fusebench.dtypes import AMP_DEFAULT
+    dt = m.amp_dtype or AMP_DEFAULT.get(spec.device.split(":")[0], "bfloat16")
+    return f", AMP {dt} autocast"
+
+
 def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1,
              interleave: bool = True) -> list[str]:
     """The lines printed before the first cell runs. picks: per spec, the autobatch
@@ -100,7 +110,7 @@ def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1,
                                           for m in models}) if x) or "the model's"
     why = " (CPU default: fitted to the budget; -b N to choose)" if choices else ""
     lines = [f"fusebench run: {len(specs)} cells on {s0.device}: {names} x {modes} ({benches})",
-             f"  batch {batches}{why}, {px} px, {s0.dtype}"
+             f"  batch {batches}{why}, {px} px, {s0.dtype}{_amp_text(s0)}"
              f"{', channels_last' if s0.channels_last else ''}"]
     lines += [f"    {short(c.model)}/{c.bench}: {c.why}" for c in choices]
     lines.append("  " + _steps_text(s0, repeat))
