@@ -112,6 +112,17 @@ def test_malformed_worker_record_is_an_error_record(tmp_path, content):
     assert "the worker's record was malformed" in rec.error.message
 
 
+def test_a_missing_dependency_is_an_error_record_not_a_crash(tmp_path, monkeypatch):
+    """A GPU image without pydantic (2026-12-04): each cell says why, the run goes on."""
+    import sys
+    monkeypatch.setitem(sys.modules, "fusebench.results.schema", None)   # import fails
+    p = tmp_path / "record.json"
+    p.write_text(json.dumps(model_record("convnext_atto", batch_size=2).to_dict()))
+    rec = record_from_worker(p, SPEC)
+    assert rec.status == "error" and rec.spec == SPEC and rec.error.type == "ImportError"
+    assert "could not check the worker's record" in rec.error.message
+
+
 def test_good_worker_record_is_read(tmp_path):
     p = tmp_path / "record.json"
     good = model_record("convnext_atto", batch_size=2)

@@ -355,6 +355,11 @@ def record_from_worker(path: Path, spec: CellSpec) -> Record:
     `error` record for the cell (the run goes on), never an exception in the runner."""
     try:
         from fusebench.results.schema import check_record
+    except ImportError as e:   # a declared dependency missing (pydantic on a bare GPU image)
+        return Record(spec, "error", error=ErrorInfo(
+            "ImportError", f"could not check the worker's record: {e} (a dependency of "
+                           f"fusebench: pip install -e . brings it)"[:500]))
+    try:
         d = parse_json(Path(path).read_text(), str(path))
         problem = check_record(SCHEMA_VERSION, d)
         if problem:
