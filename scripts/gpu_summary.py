@@ -211,7 +211,7 @@ def lines(summary: dict[str, Any]) -> list[str]:
                    f"step {num(r['step_ms'])} ms  {num(r['throughput'])}/s"
                    f"{'  ' + r['reason'] if r['reason'] else ''}")
     for r in summary["kernels"]:
-        if r["status"] != "ok" and r["impl"] == "triton":
+        if r["status"] != "ok" and r["impl"] == "triton" and r["device"] != "cpu":
             out.append(f"  NOT OK kernel {r['family']} triton {r['dtype']} "
                        f"{'NHWC' if r['channels_last'] else 'NCHW'}: {r['status']} "
                        f"{r['reason'] or ''}")

@@ -104,3 +104,26 @@ def test_gpu_kernels_unknown_family_is_usage_error(tmp_path, capsys):
     assert gk.main([str(tmp_path), "--families", "nope"]) == 2
     assert "unknown kernel families" in capsys.readouterr().err
     assert not (tmp_path / "kernels.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_gpu_check_smoke_on_cpu(tmp_path):
+    """The script's plumbing end to end on CPU (SMALL=1: tiny shapes; the heavy steps, each
+    command tested on its own elsewhere, skipped): every step that runs leaves a log without
+    a traceback, and the summary is written."""
+    skip = ("kernels run_effnet_fused run_effnet_fused_bn_act_triton run_effnet_other_modes "
+            "run_effnet_reduce_overhead")
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
+           "SMALL": "1", "SKIP": skip, "BUDGET": "300"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True,
+                       text=True, timeout=400, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "== kernel_ln2d_float32: rc=0" in r.stdout
+    assert "== run_effnet_fused: skipped (SKIP)" in r.stdout
+    logs = list(tmp_path.glob("*.log"))
+    assert logs and not [p.name for p in logs if "Traceback" in p.read_text()]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert {t["name"] for t in s["targets"]} >= {"triton_kernel_cells_not_ok",
+                                                 "effnet_b3_fused_over_eager"}
+    assert any(r["impl"] == "triton" and r["status"] == "ok" for r in s["kernels"])
