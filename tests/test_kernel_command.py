@@ -129,6 +129,29 @@ def test_unavailable_impl_is_a_record(monkeypatch):
     assert r.status == "unavailable" and "TRITON_INTERPRET" in r.error.message
 
 
+def _dtype_limited():
+    from fusebench.kernels.registry import families, family
+    return [(fam, name) for fam in families() for name in family(fam).names()
+            if family(fam)[name].dtypes is not None]
+
+
+@pytest.mark.parametrize("fam, impl", _dtype_limited())
+def test_a_dtype_the_impl_does_not_take_is_unavailable_not_an_error(fam, impl):
+    from fusebench.kernels.registry import family
+    from fusebench.spec import CellSpec
+    k = family(fam)[impl]
+    other = next(d for d in ("bfloat16", "float16", "float32") if d not in k.dtypes)
+    spec = CellSpec.for_kernel(fam, impl, [2, 8, 4, 4], "eager", direction="fwdbwd",
+                               dtype=other, device="cpu", warmup=1, steps=2)
+    r = run_cell(spec, lambda p: None)
+    assert r.status == "unavailable"
+    assert r.error.message == f"{fam} '{impl}' takes {', '.join(k.dtypes)}, not {other}"
+
+
+def test_the_cpu_kernels_that_refuse_bf16_say_so():
+    assert {("bn_act", "cpu"), ("dwconv", "cpu")} <= set(_dtype_limited())
+
+
 def test_cli_usage_error_exit_2(capsys):
     assert main(["kernel", "ln2d", "--impl", "permute,nosuch", "--no-save"]) == 2
     err = capsys.readouterr().err

@@ -281,7 +281,8 @@ class _Unavailable(Exception):
     pass
 
 
-def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tuple[str, Callable]:
+def _resolve_fn(problem, impl: str, device: str, dtype: str, events: EventLog, phase
+                ) -> tuple[str, Callable]:
     """(name that really runs, fn). `auto` may fall back to its FALLBACK impl, with an event."""
     from fusebench.kernels.registry import get_impl, is_user_impl, load_user_impl
     if is_user_impl(impl):
@@ -298,9 +299,9 @@ def _resolve_fn(problem, impl: str, device: str, events: EventLog, phase) -> tup
             return auto.FALLBACK, get_impl(fam, auto.FALLBACK).fn
         events.add("kernel", "fusebench", f"{fam} auto resolved to '{name}'")
         return name, get_impl(fam, name).fn
-    ok, reason = k.available(device)
-    if not ok:
-        raise _Unavailable(reason)
+    for ok, reason in (k.available(device), k.takes(dtype)):
+        if not ok:
+            raise _Unavailable(reason)
     build = problem.build_for(impl)
     if build is not None:
         phase("build")
@@ -323,7 +324,8 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     torch.manual_seed(spec.seed)
     try:
         with events.capture_warnings():
-            ran, fn = _resolve_fn(problem_of(k.family), impl, spec.device, events, phase)
+            ran, fn = _resolve_fn(problem_of(k.family), impl, spec.device, spec.dtype, events,
+                                  phase)
     except _Unavailable as e:
         return record("unavailable", error=ErrorInfo("Unavailable", str(e)))
     if ran != impl:

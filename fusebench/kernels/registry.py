@@ -23,16 +23,24 @@ class KernelImpl:
     fn: Callable                                   # family signature, e.g. ln2d: fn(x, w, b, eps)
     available: Callable[..., tuple[bool, str]] = _always   # (device) -> (ok, reason)
     description: str = ""
+    dtypes: tuple[str, ...] | None = None   # the input dtypes it takes; None: any
+
+    def takes(self, dtype: str) -> tuple[bool, str]:
+        """(ok, reason): a dtype outside `dtypes` makes the cell `unavailable`, not `error`."""
+        if self.dtypes is None or dtype in self.dtypes:
+            return True, ""
+        return False, f"{self.family} '{self.name}' takes {', '.join(self.dtypes)}, not {dtype}"
 
 
 _FAMILIES: dict[str, Registry[KernelImpl]] = {}
 
 
-def register_impl(family: str, name: str, *, available=None, description: str = ""):
+def register_impl(family: str, name: str, *, available=None, description: str = "",
+                  dtypes: tuple[str, ...] | None = None):
     """Decorator: registers fn as implementation `name` of kernel `family`."""
     def deco(fn):
         add_impl(KernelImpl(family, name, fn, available or _always,
-                            description or first_line(fn.__doc__, None)))
+                            description or first_line(fn.__doc__, None), dtypes))
         return fn
     return deco
 

@@ -49,7 +49,7 @@ def backward(dy, x, weight, bias, mean, invstd, act: str):
 BNActCpuFunction = bn_act_function("BNActCpuFunction", forward, backward)
 
 
-@register_impl("bn_act", "cpu", available=available)
+@register_impl("bn_act", "cpu", available=available, dtypes=("float32", "float64"))
 def bn_act_cpu(x, weight, bias, eps: float):
     """C++/OpenMP: one stats pass + one write pass forward, two passes backward; saves x."""
     if not runs_on(x):

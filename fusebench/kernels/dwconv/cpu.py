@@ -108,7 +108,7 @@ class DwConvCpuFunction(torch.autograd.Function):
         return dx, dw, db if ctx.has_bias else None, None, None, None
 
 
-@register_impl("dwconv", "cpu", available=available)
+@register_impl("dwconv", "cpu", available=available, dtypes=("float32", "float64"))
 def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                stride: int = 1, passes: Passes = ALL, recompute=None) -> torch.Tensor:
     """Depthwise conv (zero padding K//2) with our C++/OpenMP forward, grad input and grad
