@@ -1,0 +1,69 @@
+"""benchmarks/fused_paired.py: the statistic (rounds paired inside a process, BCa over
+processes), the verdicts, a worker's two sides as the model cell prepares them, the bad-input
+line, and the quick run end to end."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import BENCHMARKS, load_benchmark
+
+
+def _bench():
+    return load_benchmark("fused_paired")
+
+
+def test_drift_inside_a_process_cancels_in_the_paired_ratio():
+    # a process whose machine slowed 2x half-way: each round's pair still reads 1.25x
+    times = {"eager": [125.0, 125.0, 250.0, 250.0], "fused": [100.0, 100.0, 200.0, 200.0]}
+    assert math.exp(_bench().process_log_ratio(times)) == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("logs, want", [
+    ([math.log(v) for v in (1.40, 1.42, 1.38, 1.41, 1.39)], "PASS"),
+    ([math.log(v) for v in (1.20, 1.22, 1.18, 1.21, 1.19)], "FAIL"),
+    ([math.log(v) for v in (1.10, 1.50, 1.25, 1.35, 1.30)], "UNSURE"),
+    ([math.log(1.5), math.log(1.6)], "UNSURE"),          # two processes: no interval
+])
+def test_verdict_from_the_interval_over_processes(logs, want):
+    b = _bench()
+    ratio, low, high = b.interval(logs)
+    assert ratio == pytest.approx(math.exp(sum(logs) / len(logs)))
+    assert b.verdict(ratio, low, high) == want
+    if not math.isnan(low):
+        assert low <= ratio <= high
+
+
+def test_worker_runs_both_sides_as_the_model_cell_prepares_them():
+    b = _bench()
+    job = {"ref": "efficientnet_b0", "kwargs": {}, "channels_last": True, "batch": 2, "img": 32,
+           "threads": 1, "warmup": 1, "rounds": 3, "eager_first": False}
+    times = b.worker(job)
+    assert set(times) == {"eager", "fused"}
+    assert all(len(v) == 3 and min(v) > 0 for v in times.values())
+
+
+def test_fused_side_is_the_fused_mode():
+    b = _bench()
+    step = b._side("fused", "efficientnet_b0", {}, True, 2, 32, 1)
+    kinds = {type(m).__name__ for m in step.model.modules()}
+    assert any(k.startswith("Fused") for k in kinds), kinds
+    assert step.opt is not None                  # an SGD step, as the model cell's
+
+
+def test_bad_input_is_one_usage_line():
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paired.py"), "--models", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_quick_run_end_to_end(tmp_path):
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paired.py"), "--quick",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]     # 1: not PASS, at these tiny sizes
+    assert "paired in each process" in r.stdout and "process 1 (fused first)" in r.stdout
+    import json
+    (res,) = json.loads(out.read_text())
+    assert res["processes"] == 2 and len(res["process_ratios"]) == 2
