@@ -34,20 +34,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fused_mode import MODELS, QUICK_KWARGS  # noqa: E402
+import fused_mode  # noqa: E402
+from fused_mode import LAYOUTS, MODELS, QUICK_KWARGS  # noqa: E402
 
-TARGET = 1.3                         # issue 15.2: fused >= 1.3x eager
-LAYOUTS = {"nchw": False, "cl": True}
-
-
-class _Quiet:
-    """The phase reporter _build is handed: nothing to report to outside a runner."""
-
-    def __call__(self, name: str) -> None:
-        pass
-
-    def note(self, **facts) -> None:
-        pass
+SPEED = next(t for t in fused_mode.TARGETS if t.what == "speed_eager")   # fused >= 1.3x eager
+TARGET = SPEED.bound
 
 
 def _side(mode_name: str, ref: str, kwargs: dict, channels_last: bool, batch: int, img: int,
@@ -55,13 +46,14 @@ def _side(mode_name: str, ref: str, kwargs: dict, channels_last: bool, batch: in
     """One side's train step exactly as a model cell builds and prepares it (check off)."""
     from fusebench.cell.model_cell import _build
     from fusebench.cell.model_step import Step
+    from fusebench.cell.report import Reporter
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode
     from fusebench.spec import CellSpec
     spec = CellSpec.for_model(ref, mode_name, bench="train", batch_size=batch, img_size=img,
                               model_kwargs=kwargs, check=False, channels_last=channels_last,
                               device="cpu", threads=threads)
-    b = _build(spec, _Quiet())
+    b = _build(spec, Reporter.of(lambda _phase: None))     # no runner to report to
     fn = get_mode(mode_name).prepare(b.model, b.inputs.args, b.opts, EventLog())
     return Step(fn, b.model, b.inputs.args, b.loss, True, b.autocast, b.opt)
 
@@ -107,12 +99,11 @@ def interval(logs: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(ci.low), math.exp(ci.high)
 
 
-def verdict(ratio: float, low: float, high: float, target: float = TARGET) -> str:
-    if math.isnan(low):
-        return "UNSURE"
-    if low >= target:
-        return "PASS"
-    return "FAIL" if high < target else "UNSURE"
+def verdict(ratio: float, low: float, high: float) -> str:
+    """fused_mode.py's verdict on the interval; without one (under 3 processes) UNSURE, not a
+    point estimate taken as exact."""
+    from fusebench.results.stats import Ratio
+    return "UNSURE" if math.isnan(low) else fused_mode.verdict(SPEED, Ratio(ratio, low, high))
 
 
 def run_config(args, model: str, layout: str, threads: int) -> dict:

@@ -29,6 +29,11 @@ AMP_DTYPES = ("bfloat16", "float16")     # what torch.autocast computes in
 AMP_DEFAULT = {"cpu": "bfloat16", "cuda": "float16"}   # per device type, when not chosen
 
 
+def amp_dtype_name(chosen: str | None, device: str) -> str:
+    """The dtype autocast runs in: the one chosen, else the device type's default."""
+    return chosen or AMP_DEFAULT.get(device.split(":")[0], "bfloat16")
+
+
 def torch_dtype(name: str):
     """'bfloat16' -> torch.bfloat16."""
     return DTYPES[name].torch

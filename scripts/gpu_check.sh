@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU path of fusebench in at most 7.5 minutes (BUDGET) of device time, for a lent GPU machine that got
-# a copy of this repository:
+# Every GPU path of fusebench in at most 7.5 minutes (BUDGET) of device time, for a lent GPU
+# machine that got a copy of this repository:
 #   OUT=/some/dir bash scripts/gpu_check.sh
 # Steps, most needed first (a step that would start after BUDGET seconds is skipped, said in
 # its log line; each has its own time limit and a failing step does not stop the others):
@@ -84,7 +84,8 @@ $FB env --json --device "$DEVICE" >"$OUT/env.json" 2>/dev/null
 
 step kernels 180 $PY scripts/gpu_kernels.py "$OUT/kernels" --device "$DEVICE" "${KSHAPE[@]}"
 
-EFF=("${MODEL[@]}" --channels-last --amp-dtype bfloat16 --device "$DEVICE" "${STEPS[@]}" --warm-cache)
+EFF=("${MODEL[@]}" --channels-last --amp-dtype bfloat16 --device "$DEVICE" "${STEPS[@]}"
+     --warm-cache)
 step run_effnet_fused 270 $FB run "${EFF[@]}" -m eager,fused,compile --repeat 2 --timeout 220 \
     --out "$OUT/run"
 step run_effnet_fused_bn_act_triton 60 $FB run "${EFF[@]}" -m fused --fused-bn-act triton \

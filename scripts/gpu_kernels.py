@@ -24,9 +24,10 @@ LAYOUTS = {"nchw": False, "channels_last": True}
 def cells(families, dtypes, device, shape, steps):
     from fusebench.kernels import PROBLEMS
     from fusebench.kernels.registry import family as family_registry
+    from fusebench.run.kernel_plan import parse_shape
     from fusebench.spec import CellSpec
     for fam in families:
-        dims = shape or [int(v) for v in PROBLEMS[fam].default_shape.split(",")]
+        dims = parse_shape(shape or PROBLEMS[fam].default_shape)
         for dtype in dtypes:
             for channels_last in LAYOUTS.values():
                 for impl in family_registry(fam).names():
@@ -67,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown kernel families {unknown}; known: {PROBLEMS.names()}",
               file=sys.stderr)
         return 2
-    shape = [int(v) for v in a.shape.split(",")] if a.shape else None
+    from fusebench.errors import UsageError
+    from fusebench.run.kernel_plan import parse_shape
+    try:
+        parse_shape(a.shape) if a.shape else None      # a bad --shape: one line, before any cell
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shape = a.shape
     a.out.mkdir(parents=True, exist_ok=True)
     # saved after every cell: a crash that takes the process (a faulting kernel poisons the
     # CUDA context) keeps what finished before it

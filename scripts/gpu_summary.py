@@ -46,7 +46,8 @@ def _kernel_rows(recs: list[Record]) -> list[dict[str, Any]]:
             continue
         k, x = r.spec.kernel, r.extra
         rows.append({"family": k.family, "impl": k.impl, "mode": r.spec.mode,
-                     "device": r.spec.device, "channels_last": r.spec.channels_last, "dtype": r.spec.dtype,
+                     "device": r.spec.device, "channels_last": r.spec.channels_last,
+                     "dtype": r.spec.dtype,
                      "shape": list(k.shape), "direction": k.direction, "status": r.status,
                      "step_ms": r.step_ms.median if r.step_ms else None,
                      "device_ms": x.get("device_ms"), "device_source": x.get("device_time_source"),
@@ -67,7 +68,8 @@ def _model_rows(recs: list[Record]) -> list[dict[str, Any]]:
         x = r.extra
         rows.append({"model": r.spec.model.name, "mode": r.spec.variant(),
                      "status": r.status, "batch": r.spec.model.batch_size,
-                     "amp": r.spec.model.amp, "amp_dtype": r.spec.model.amp_dtype, "channels_last": r.spec.channels_last,
+                     "amp": r.spec.model.amp, "amp_dtype": r.spec.model.amp_dtype,
+                     "channels_last": r.spec.channels_last,
                      "device": r.spec.device, "throughput": r.throughput,
                      "step_ms": r.step_ms.median if r.step_ms else None,
                      "activation_bytes": r.activation_bytes,

@@ -58,7 +58,16 @@ def assert_matches_eager(model, ref, inputs, tol=1e-9, call=None):
 def load_benchmark(name: str):
     """benchmarks/<name>.py imported as the module `<name>_bench` (benchmarks are scripts, not a
     package; registered in sys.modules because dataclasses look their module up there)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
+    return _load(f"{name}_bench", BENCHMARKS / f"{name}.py")
+
+
+def load_script(name: str):
+    """scripts/<name>.py imported as the module `<name>`, as load_benchmark does."""
+    return _load(name, BENCHMARKS.parent / "scripts" / f"{name}.py")
+
+
+def _load(module: str, path: Path):
+    spec = importlib.util.spec_from_file_location(module, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

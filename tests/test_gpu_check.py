@@ -3,30 +3,21 @@
 GPU-like ones made by the factories (met / missed with the number)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fusebench.spec import CellSpec, Event
 from tests.factories import kernel_record, model_record, write_results
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _summary_module():
-    spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "scripts/gpu_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_summary"] = mod          # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gs = _summary_module()
+gs = load_script("gpu_summary")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")

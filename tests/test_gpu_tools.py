@@ -4,7 +4,6 @@ missing, and scripts/gpu_kernels.py running the kernel cells in one process (Tri
 TRITON_INTERPRET=1 on CPU tensors) into a results document gpu_summary.py reads."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,19 +14,12 @@ from pathlib import Path
 import pytest
 
 from fusebench.results.document import load_records
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-md = _script("missing_deps")
+md = load_script("missing_deps")
 
 
 def _pyproject(tmp_path: Path, deps: list[str]) -> Path:
@@ -77,7 +69,7 @@ def test_gpu_check_stops_before_any_step_when_a_dependency_is_missing(tmp_path):
     assert not (out / "env.log").exists()       # no step started
 
 
-gk = _script("gpu_kernels")
+gk = load_script("gpu_kernels")
 
 
 def test_gpu_kernels_runs_every_impl_in_one_process(tmp_path, monkeypatch, capsys):
@@ -94,15 +86,17 @@ def test_gpu_kernels_runs_every_impl_in_one_process(tmp_path, monkeypatch, capsy
             assert r.status == "ok" and r.correctness.passed
             assert r.correctness.max_rel_err_grad < 1e-5
     assert len(out.splitlines()) == len(recs) + 1
-    gs = _script("gpu_summary")
+    gs = load_script("gpu_summary")
     s = gs.summarize(gs.records_under(tmp_path))
     assert {r["family"] for r in s["kernels"]} == {"silu", "bn_act"}
     assert json.dumps(s, default=str)
 
 
-def test_gpu_kernels_unknown_family_is_usage_error(tmp_path, capsys):
+def test_gpu_kernels_unknown_family_or_bad_shape_is_usage_error(tmp_path, capsys):
     assert gk.main([str(tmp_path), "--families", "nope"]) == 2
     assert "unknown kernel families" in capsys.readouterr().err
+    assert gk.main([str(tmp_path), "--shape", "2,8,4"]) == 2
+    assert "expected 4 comma-separated sizes" in capsys.readouterr().err
     assert not (tmp_path / "kernels.json").exists()
 
 

@@ -27,7 +27,7 @@ import torch.nn as nn
 from fusebench.cell.model_step import CHECK_SEED, Loss, Step, first_tensor
 from fusebench.cell.model_check import ReferenceRunner, record_correctness
 from fusebench.cell.report import Reporter
-from fusebench.dtypes import AMP_DEFAULT, torch_dtype
+from fusebench.dtypes import amp_dtype_name, torch_dtype
 from fusebench.cell.rank_cell import RankRun
 from fusebench.measure import correctness as corr
 from fusebench.measure.contention import CpuWindow, describe, gpu_other_processes, is_contended
@@ -81,7 +81,7 @@ class Timed:
 def _autocast(spec: CellSpec, device: torch.device) -> Callable:
     if not spec.model.amp:
         return contextlib.nullcontext
-    amp_dtype = torch_dtype(spec.model.amp_dtype or AMP_DEFAULT.get(device.type, "bfloat16"))
+    amp_dtype = torch_dtype(amp_dtype_name(spec.model.amp_dtype, device.type))
     return lambda: torch.autocast(device.type, dtype=amp_dtype)
 
 

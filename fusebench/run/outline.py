@@ -86,9 +86,8 @@ def _amp_text(spec: CellSpec) -> str:
     m = spec.model
     if m is None or not m.amp:
         return ""
-    from fusebench.dtypes import AMP_DEFAULT
-    dt = m.amp_dtype or AMP_DEFAULT.get(spec.device.split(":")[0], "bfloat16")
-    return f", AMP {dt} autocast"
+    from fusebench.dtypes import amp_dtype_name
+    return f", AMP {amp_dtype_name(m.amp_dtype, spec.device)} autocast"
 
 
 def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1,
