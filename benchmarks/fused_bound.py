@@ -12,12 +12,17 @@ the storages of its tensor arguments and outputs, each once (what the call must 
 or write: an optimistic traffic count, since a BN's statistics pass reads x before its write
 pass reads it again). Afterwards a fresh copy (the faster of a plain and a huge-page-hinted
 clone, as `fusebench kernel`'s "% of copy") is timed at each call's size: the kernel family's
-roofline on this machine.
+roofline on this machine. At sizes under the last-level cache that copy runs from the cache,
+so a second roofline holds the kernels to a copy whose operands were evicted first (memory
+speed): a step's backward reads the activations saved in forward from memory.
 
-Printed per kernel family: ms per step, MB moved, GB/s, % of copy. Then three bounds:
+Printed per kernel family: ms per step, MB moved, GB/s, % of copy (cached) and % of a memory
+copy. Then four bounds:
   - measured:  eager / fused, as timed here;
   - roofline:  eager / (fused - our kernels' time + their bytes at copy speed), i.e. every bundled
                kernel at the speed of a copy of its own bytes, everything else as it is;
+  - memory roofline: the same with the copy timed from memory, what a kernel whose operands are
+               not in the cache can at best reach;
   - aten only: eager / (the fused step's share of aten convolutions and GEMMs, from one profiled
                fused step), i.e. everything but the convs/GEMMs fused mode leaves to aten free.
 If the roofline bound is below a target, no faster kernel reaches it without moving the fusion
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -46,9 +52,15 @@ from fusebench.measure.memory import pin_malloc
 sys.path.insert(0, str(Path(__file__).parent))
 from fused_profile import KERNEL_MODULES, batch_of, step, step_parser, warm_pair  # noqa: E402
 
-# self-CPU op names of the work fused mode leaves to aten: convolutions (oneDNN and THNN) and GEMMs
+# self-CPU op names of the work fused mode leaves to libraries: convolutions (oneDNN and THNN)
+# and GEMMs, aten's (MKL) and oneDNN's matmul, which the sites' GEMMs run on since fuse/gemm.py
 ATEN_HEAVY = ("convolution", "conv2d", "conv_depthwise", "mkldnn_conv", "aten::mm", "aten::addmm",
-              "aten::bmm", "aten::baddbmm", "aten::linear")
+              "aten::bmm", "aten::baddbmm", "aten::linear", "mkldnn::_linear_pointwise")
+
+
+def is_heavy(op: str) -> bool:
+    """A profiled op name that is a library convolution or GEMM."""
+    return any(h in op for h in ATEN_HEAVY)
 
 
 def _storages(obj, seen: dict[int, int]) -> None:
@@ -128,12 +140,30 @@ def copy_seconds_per_byte(size: int, reps: int = 5) -> float:
     return 1.0 / (max(r["copy_gbps"], r["copy_prealloc_gbps"]) * 1e9)
 
 
+FLUSH_BYTES = 128 << 20    # written between copies: 4x the 32 MiB L3 of the VMs measured here
+
+
+def memory_copy_seconds_per_byte(size: int, reps: int = 5) -> float:
+    """Seconds per byte (read plus write) of the fastest of `reps` copies of a float32 tensor of
+    `size` bytes into memory it already holds, each after FLUSH_BYTES written elsewhere (both
+    operands evicted): the copy at memory speed, without page faults."""
+    x = torch.randn(max(1, size // 4))
+    out, flush = torch.empty_like(x), torch.empty(FLUSH_BYTES // 4)
+    best = math.inf
+    for _ in range(reps):
+        flush.fill_(1.0)
+        t0 = time.perf_counter()
+        out.copy_(x)
+        best = min(best, time.perf_counter() - t0)
+    return best / (2 * x.numel() * x.element_size())
+
+
 def aten_heavy_share(model, x, target) -> float:
     """Share of one profiled step's self CPU time spent in aten convolutions and GEMMs."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step(model, x, target)
     times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
-    heavy = sum(v for k, v in times.items() if any(h in k for h in ATEN_HEAVY))
+    heavy = sum(v for k, v in times.items() if is_heavy(k))
     return heavy / max(1e-9, sum(times.values()))
 
 
@@ -159,23 +189,31 @@ def measure(args) -> dict:
 
 
 def summarise(log: CallLog, wall: dict[str, list[float]], share: float, steps: int) -> dict:
-    spb = {size: copy_seconds_per_byte(size) for size in {s for _, s in log.by_size}}
-    roof: dict[str, float] = defaultdict(float)          # label -> copy-speed seconds, all steps
+    sizes = {s for _, s in log.by_size}
+    refs = {"copy": {size: copy_seconds_per_byte(size) for size in sizes},
+            "memory": {size: memory_copy_seconds_per_byte(size) for size in sizes}}
+    # label -> seconds its bytes take at each reference's speed, over all steps
+    roof: dict[str, dict[str, float]] = {k: defaultdict(float) for k in refs}
     for (label, size), nbytes in log.by_size.items():
-        roof[label] += nbytes * spb[size]
+        for k, spb in refs.items():
+            roof[k][label] += nbytes * spb[size]
     fams, nbytes = {}, log.nbytes
     for label in sorted(log.seconds, key=lambda k: -log.seconds[k]):
         s, b = log.seconds[label] / steps, nbytes[label] / steps
         fams[label] = {"ms": 1e3 * s, "mb": b / 1e6, "gbps": b / s / 1e9,
-                       "pct_of_copy": 100.0 * roof[label] / log.seconds[label],
+                       "pct_of_copy": 100.0 * roof["copy"][label] / log.seconds[label],
+                       "pct_of_memory_copy": 100.0 * roof["memory"][label] / log.seconds[label],
                        "faults": log.faults[label] / steps}
     eager, fused = (statistics.median(wall[k]) for k in ("eager", "fused"))
-    ours, ours_roof = sum(log.seconds.values()) / steps, sum(roof.values()) / steps
+    ours = sum(log.seconds.values()) / steps
+    at = {k: sum(v.values()) / steps for k, v in roof.items()}
     return {"eager_ms": 1e3 * eager, "fused_ms": 1e3 * fused, "kernels": fams,
-            "kernels_ms": 1e3 * ours, "kernels_roofline_ms": 1e3 * ours_roof,
+            "kernels_ms": 1e3 * ours, "kernels_roofline_ms": 1e3 * at["copy"],
+            "kernels_memory_roofline_ms": 1e3 * at["memory"],
             "aten_heavy_share": share,
             "bound": {"measured": eager / fused,
-                      "roofline": eager / (fused - ours + ours_roof),
+                      "roofline": eager / (fused - ours + at["copy"]),
+                      "memory_roofline": eager / (fused - ours + at["memory"]),
                       "aten_only": eager / (share * fused)}}
 
 
@@ -183,16 +221,18 @@ def report(r: dict, head: str) -> None:
     print(head)
     print(f"  step ms: eager {r['eager_ms']:.1f}, fused {r['fused_ms']:.1f}; bundled kernels "
           f"{r['kernels_ms']:.1f} ms of the fused step ({r['kernels_roofline_ms']:.1f} at copy "
-          f"speed); aten convs + GEMMs {100 * r['aten_heavy_share']:.0f}% of it; minor page faults "
-          f"per step: eager {r['faults_per_step']['eager']:.0f}, fused "
-          f"{r['faults_per_step']['fused']:.0f}")
-    print(f"  {'kernel':28s} {'ms/step':>8} {'MB/step':>8} {'GB/s':>6} {'% copy':>7} {'faults':>7}")
+          f"speed, {r['kernels_memory_roofline_ms']:.1f} at memory speed); aten convs + GEMMs "
+          f"{100 * r['aten_heavy_share']:.0f}% of it; minor page faults per step: eager "
+          f"{r['faults_per_step']['eager']:.0f}, fused {r['faults_per_step']['fused']:.0f}")
+    print(f"  {'kernel':28s} {'ms/step':>8} {'MB/step':>8} {'GB/s':>6} {'% copy':>7} "
+          f"{'% mem':>6} {'faults':>7}")
     for label, k in r["kernels"].items():
         print(f"  {label:28s} {k['ms']:8.1f} {k['mb']:8.1f} {k['gbps']:6.1f} "
-              f"{k['pct_of_copy']:6.0f}% {k['faults']:7.0f}")
+              f"{k['pct_of_copy']:6.0f}% {k['pct_of_memory_copy']:5.0f}% {k['faults']:7.0f}")
     b = r["bound"]
     print(f"  fused / eager: measured {b['measured']:.2f}x, roofline bound {b['roofline']:.2f}x"
-          f" (our kernels at copy speed), aten-only bound {b['aten_only']:.2f}x (all but aten's"
+          f" (our kernels at copy speed), memory roofline {b['memory_roofline']:.2f}x (at a "
+          f"copy's speed from memory), aten-only bound {b['aten_only']:.2f}x (all but aten's"
           f" convs/GEMMs free)")
 
 

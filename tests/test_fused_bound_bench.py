@@ -36,12 +36,36 @@ def test_a_timed_call_counts_each_storage_once():
 def test_bounds_follow_from_the_times(monkeypatch):
     bench = _bench()
     monkeypatch.setattr(bench, "copy_seconds_per_byte", lambda size: 1e-10)   # 10 GB/s
+    monkeypatch.setattr(bench, "memory_copy_seconds_per_byte", lambda size: 1.5e-10)
     log = bench.CallLog()
     log.seconds["k.f"], log.by_size[("k.f", 10**8)] = 0.4, 2 * 10**9
     r = bench.summarise(log, {"eager": [1.0, 1.0], "fused": [0.8, 0.8]}, share=0.5, steps=2)
     assert r["bound"]["measured"] == pytest.approx(1.25)
     # per step: kernels 0.2 s -> 0.1 s at copy speed; fused 0.8 -> 0.7
     assert r["bound"]["roofline"] == pytest.approx(1.0 / 0.7)
+    # at memory speed the kernels' 2e9 bytes take 0.3 s: 0.15 s per step, fused 0.75
+    assert r["bound"]["memory_roofline"] == pytest.approx(1.0 / 0.75)
+    assert r["kernels"]["k.f"]["pct_of_memory_copy"] == pytest.approx(75.0)
     assert r["bound"]["aten_only"] == pytest.approx(1.0 / 0.4)
     assert r["kernels"]["k.f"]["pct_of_copy"] == pytest.approx(50.0)
     assert r["kernels"]["k.f"]["gbps"] == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("op, heavy", [
+    ("mkldnn::_linear_pointwise", True),      # the sites' GEMMs since fuse/gemm.py
+    ("aten::mm", True), ("aten::bmm", True), ("aten::baddbmm", True),
+    ("aten::convolution_backward", True), ("aten::mkldnn_convolution", True),
+    ("bn_act.backward", False), ("aten::add_", False), ("MultiOpFunctionBackward", False)])
+def test_the_library_share_counts_every_gemm_route(op, heavy):
+    """The aten-only bound's share: a GEMM on oneDNN's matmul is library work like mm's."""
+    assert _bench().is_heavy(op) is heavy
+
+
+def test_the_memory_copy_is_timed_from_memory_and_slower_than_the_cached_one():
+    """The memory roofline's copy: operands evicted first, so per byte it takes at least as
+    long as the cached copy at a size that fits the cache (1 MiB), and a real figure."""
+    bench = _bench()
+    cached, memory = (bench.copy_seconds_per_byte(1 << 20),
+                      bench.memory_copy_seconds_per_byte(1 << 20))
+    assert 0 < cached and 0 < memory < 1e-6           # under a microsecond per byte
+    assert memory >= 0.8 * cached                     # slack for the VM's drift between them
