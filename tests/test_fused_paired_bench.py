@@ -67,3 +67,36 @@ def test_quick_run_end_to_end(tmp_path):
     import json
     (res,) = json.loads(out.read_text())
     assert res["processes"] == 2 and len(res["process_ratios"]) == 2
+
+
+def test_compile_baseline_pairs_fused_with_the_compile_mode(monkeypatch):
+    """--baseline compile: the worker's two sides are compile and fused; the ratio is
+    compile/fused and held to the issue's 1.0x (EfficientNet only)."""
+    b = _bench()
+    built = []
+    monkeypatch.setattr(b, "_side", lambda mode, *a: built.append(mode) or (lambda: None))
+    job = {"ref": "efficientnet_b0", "kwargs": {}, "channels_last": True, "batch": 2, "img": 32,
+           "threads": 1, "warmup": 1, "rounds": 2, "eager_first": True, "baseline": "compile"}
+    times = b.worker(job)
+    assert built == ["compile", "fused"] and set(times) == {"compile", "fused"}
+    t = {"compile": [110.0, 120.0], "fused": [100.0, 100.0], "eager": [999.0, 999.0]}
+    assert math.exp(b.process_log_ratio(t, "compile")) == pytest.approx(math.sqrt(1.1 * 1.2))
+    logs = [math.log(v) for v in (1.05, 1.06, 1.04, 1.05, 1.07)]
+    assert b.verdict(*b.interval(logs), "compile") == "PASS"     # above 1.0, below 1.3
+    assert b.verdict(*b.interval(logs), "eager") == "FAIL"
+
+
+def test_compile_baseline_refuses_models_without_that_target():
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paired.py"), "--baseline",
+                        "compile", "--models", "convnext_atto"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "efficientnet" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, models", [
+    ([], "efficientnet_b0,efficientnet_b3,convnext_atto,convnext_official"),
+    (["--baseline", "compile"], "efficientnet_b0,efficientnet_b3")])
+def test_the_default_grid_keeps_full_sizes_and_the_baselines_models(argv, models):
+    a = _bench().parse(argv)
+    assert a.models == models
+    assert (a.batch, a.img, a.layouts, a.thread_list) == (8, 160, "nchw,cl", [1, 2])
