@@ -48,8 +48,6 @@ SPEEDS = {b: next(t for t in fused_mode.TARGETS if t.what == f"speed_{b}")
           for b in ("eager", "compile")}
 FAMILIES = {b: tuple(f for t in fused_mode.TARGETS if t.what == f"speed_{b}" for f in t.families)
             for b in SPEEDS}
-SPEED = SPEEDS["eager"]
-TARGET = SPEED.bound
 
 
 def _side(mode_name: str, ref: str, kwargs: dict, channels_last: bool, batch: int, img: int,
@@ -128,6 +126,7 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
     for p in range(args.processes):
         job = {"ref": ref, "kwargs": kwargs, "channels_last": LAYOUTS[layout],
                "batch": args.batch, "img": args.img, "threads": threads,
+               # eager_first: the baseline (eager or compile) is built and stepped first
                "warmup": args.warmup, "rounds": args.rounds, "eager_first": p % 2 == 0,
                "baseline": args.baseline}
         out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
@@ -148,7 +147,8 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
     ratio, low, high = interval(logs)
     return {"model": model, "layout": layout, "threads": threads, "processes": len(logs),
             "baseline": args.baseline, "rounds": args.rounds, "ratio": ratio, "low": low,
-            "high": high, "verdict": verdict(ratio, low, high, args.baseline), "process_ratios": [math.exp(v) for v in logs],
+            "high": high, "verdict": verdict(ratio, low, high, args.baseline),
+            "process_ratios": [math.exp(v) for v in logs],
             "medians": medians, "load": [load0, os.getloadavg()[0]]}
 
 
