@@ -32,6 +32,7 @@ average at start and end is printed, and the VM's speed drifts (alternating step
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -143,12 +144,18 @@ def copy_seconds_per_byte(size: int, reps: int = 5) -> float:
 FLUSH_BYTES = 128 << 20    # written between copies: 4x the 32 MiB L3 of the VMs measured here
 
 
+@functools.cache
+def _flush_buffer() -> torch.Tensor:
+    """One FLUSH_BYTES buffer for every size's memory copy (not 128 MiB allocated per size)."""
+    return torch.empty(FLUSH_BYTES // 4)
+
+
 def memory_copy_seconds_per_byte(size: int, reps: int = 5) -> float:
     """Seconds per byte (read plus write) of the fastest of `reps` copies of a float32 tensor of
     `size` bytes into memory it already holds, each after FLUSH_BYTES written elsewhere (both
     operands evicted): the copy at memory speed, without page faults."""
     x = torch.randn(max(1, size // 4))
-    out, flush = torch.empty_like(x), torch.empty(FLUSH_BYTES // 4)
+    out, flush = torch.empty_like(x), _flush_buffer()
     best = math.inf
     for _ in range(reps):
         flush.fill_(1.0)

@@ -34,6 +34,11 @@ def amp_dtype_name(chosen: str | None, device: str) -> str:
     return chosen or AMP_DEFAULT.get(device.split(":")[0], "bfloat16")
 
 
+def dtype_names(dtypes) -> tuple[str, ...]:
+    """(torch.float32, ...) -> ('float32', ...): the names specs and records use."""
+    return tuple(str(d).removeprefix("torch.") for d in dtypes)
+
+
 def torch_dtype(name: str):
     """'bfloat16' -> torch.bfloat16."""
     return DTYPES[name].torch

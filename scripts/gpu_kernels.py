@@ -27,7 +27,7 @@ def cells(families, dtypes, device, shape, steps):
     from fusebench.run.kernel_plan import parse_shape
     from fusebench.spec import CellSpec
     for fam in families:
-        dims = parse_shape(shape or PROBLEMS[fam].default_shape)
+        dims = shape or parse_shape(PROBLEMS[fam].default_shape)
         for dtype in dtypes:
             for channels_last in LAYOUTS.values():
                 for impl in family_registry(fam).names():
@@ -71,11 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     from fusebench.errors import UsageError
     from fusebench.run.kernel_plan import parse_shape
     try:
-        parse_shape(a.shape) if a.shape else None      # a bad --shape: one line, before any cell
+        shape = parse_shape(a.shape) if a.shape else None   # a bad one: one line, before any cell
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    shape = a.shape
     a.out.mkdir(parents=True, exist_ok=True)
     # saved after every cell: a crash that takes the process (a faulting kernel poisons the
     # CUDA context) keeps what finished before it

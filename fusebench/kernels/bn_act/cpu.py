@@ -12,6 +12,7 @@ import torch
 
 from fusebench.kernels.build import CppKernel
 from fusebench.kernels.bn_act.function import bn_act_function
+from fusebench.dtypes import dtype_names
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_bn_act_cpu"
@@ -49,7 +50,7 @@ def backward(dy, x, weight, bias, mean, invstd, act: str):
 BNActCpuFunction = bn_act_function("BNActCpuFunction", forward, backward)
 
 
-@register_impl("bn_act", "cpu", available=available, dtypes=("float32", "float64"))
+@register_impl("bn_act", "cpu", available=available, dtypes=dtype_names(DTYPES))
 def bn_act_cpu(x, weight, bias, eps: float):
     """C++/OpenMP: one stats pass + one write pass forward, two passes backward; saves x."""
     if not runs_on(x):

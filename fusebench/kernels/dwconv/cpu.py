@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.build import CppKernel
+from fusebench.dtypes import dtype_names
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_dwconv_cpu"
@@ -108,7 +109,7 @@ class DwConvCpuFunction(torch.autograd.Function):
         return dx, dw, db if ctx.has_bias else None, None, None, None
 
 
-@register_impl("dwconv", "cpu", available=available, dtypes=("float32", "float64"))
+@register_impl("dwconv", "cpu", available=available, dtypes=dtype_names(DTYPES))
 def dwconv_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                stride: int = 1, passes: Passes = ALL, recompute=None) -> torch.Tensor:
     """Depthwise conv (zero padding K//2) with our C++/OpenMP forward, grad input and grad
