@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fusebench.fuse.binding import bind_act
 from fusebench.fuse.conv1x1 import run_conv
 from fusebench.fuse.engine import run_ops
-from fusebench.fuse.fusions.se_gate import se_gate_kernel
+from fusebench.fuse.fusions.se_gate import se_kernel
 from fusebench.fuse.fusions.se_project import folds, se_project
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +31,7 @@ B0 = ((32, 80, 8, 16, 1), (96, 40, 4, 24, 1), (144, 40, 6, 24, 1), (144, 20, 6, 
 
 def sides():
     silu = bind_act("silu", "cpu", [], None)
-    kernel = se_gate_kernel(bind_act("se_gate", "cpu", [], None), silu)
+    kernel = se_kernel(bind_act("se_gate", "cpu", [], None), silu)
 
     def eager(x, r, e, p):
         s = F.silu(r(x.mean((2, 3), keepdim=True)))

@@ -59,7 +59,7 @@ ASSETS = {
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
-KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se[", "se_project": "se_project[",
+KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se_gate[", "se_project": "se_project[",
                  "bn_train": "bn_train["}
 SITE_NAME = {"se_gate": "fused_se"}
 

@@ -133,15 +133,15 @@ def test_bound_act_kernels_really_run(monkeypatch):
     x = torch.randn(2, 3, 32, 32)
     # at 32 px the SEs of the first stages fold into their projections (H*W >= out channels:
     # se_project, its (N, R) SiLU the silu pair), the later ones run the se_gate kernel
-    for name, expect in (("efficientnet_b0", {bn_silu, bn_train, "se_gate[cpu]",
+    for name, expect in (("efficientnet_b0", {bn_silu, bn_train, "se_gate[cpu,function]",
                                               "se_project[function]"}),
                          ("convnext_atto", {"bias_gelu_fc2[cpu|function,none]"})):
         calls.clear()
         model = create_model(name, num_classes=10).train()
         res = fuse(model, "train")
         if not act_cpu.build()[0]:
-            expect = {e.replace("[cpu]", "[function]").replace("cpu|", "function|")
-                      for e in expect}
+            expect = {e.replace("[cpu]", "[function]").replace("[cpu,", "[function,")
+                      .replace("cpu|", "function|") for e in expect}
         y = model(x)
         kernels = fused_kernel_names(y)
         assert set(kernels) == expect, kernels
@@ -155,9 +155,10 @@ def test_bound_act_kernels_really_run(monkeypatch):
                 assert calls["silu_fwd"] >= n_act and calls["silu_bwd"] >= n_act, calls
             if act_cpu.build()[0]:
                 assert calls["se_gate_forward"] == calls["se_gate_backward"] \
-                    == kernels.count("se_gate[cpu]") > 0, calls
-            assert kernels.count("se_project[function]") + kernels.count("se_gate[cpu]") \
-                == res.sites["se_project"] == res.sites["se_gate"]
+                    == kernels.count("se_gate[cpu,function]") > 0, calls
+            assert (kernels.count("se_project[function]")
+                    + kernels.count("se_gate[cpu,function]")
+                    == res.sites["se_project"] == res.sites["se_gate"])
         else:        # C++ on the channels-last output of the cpu LN2d, plain torch on NCHW
             # one forward per site: backward's recompute of the GELU output rides in the
             # backward's own call (bwd_y), not a second forward

@@ -43,3 +43,35 @@ def test_fused_se_matches_eager_float64(make, site, layout):
     torch.testing.assert_close(xa.grad, xb.grad, atol=1e-12, rtol=1e-10)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-12, rtol=1e-10)
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten overload packets dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("make", [SqueezeExcite, GraphSE])
+def test_fused_se_reduce_expand_are_matrix_products(make):
+    """reduce/expand on the (N, C) means: no convolution forward or backward (oneDNN's 1x1 conv
+    on (N, C, 1, 1) cost 0.1-0.5 ms a call for microseconds of work); the eager SE does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(make(24, 6))
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    x = torch.randn(2, 24, 5, 5).contiguous(memory_format=torch.channels_last)
+    convs = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+    logs = {}
+    for name, m in (("fused", model), ("eager", ref)):
+        with _OpLog() as log:
+            m(x.clone().requires_grad_()).sum().backward()
+        logs[name] = log.ops
+    assert not logs["fused"] & convs
+    assert logs["fused"] & {torch.ops.aten.mm, torch.ops.aten.addmm}
+    assert logs["eager"] & convs          # the probe sees convs where they run

@@ -61,7 +61,7 @@ def test_graph_site_folds_where_it_pays_and_matches_float64(layout, bias, out, f
     torch.testing.assert_close(xa.grad, xb.grad, atol=1e-12, rtol=1e-10)
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-12, rtol=1e-10, msg=n)
-    assert kernels(y) == Counter({"se_project" if fold else "se": 1}), kernels(y)
+    assert kernels(y) == Counter({"se_project" if fold else "se_gate": 1}), kernels(y)
     assert y.is_contiguous(memory_format=LAYOUTS[layout])
 
 
@@ -78,7 +78,7 @@ def test_zoo_mbconv_rule_matches_float64_eager_with_residual(layout):
         model.zero_grad(), ref.zero_grad()
         y = assert_matches_eager(model, ref, _inputs(layout, c=8, hw=(12, 12)))
     # 12x12 -> 144 >= 8 (first), 6x6 = 36 >= 24 (second): both fold
-    assert kernels(y)["se_project"] == 2 and kernels(y)["se"] == 0, kernels(y)
+    assert kernels(y)["se_project"] == 2 and kernels(y)["se_gate"] == 0, kernels(y)
     for (n, b), c in zip(model.named_buffers(), ref.buffers()):
         torch.testing.assert_close(b, c, msg=n)
 

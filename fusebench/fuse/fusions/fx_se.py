@@ -18,34 +18,11 @@ from fusebench.fuse.binding import Pure
 from fusebench.fuse import recompute
 from fusebench.fuse.conv1x1 import is_pointwise, run_conv
 from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.fusions.se_gate import se_kernel
 from fusebench.fuse.fusions.se_project import folds, se_project
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
-
-
-@functools.cache
-def se_kernel(gate: Pure, act: Pure) -> MultiOpKernel:
-    def fwd(x, groups):
-        (wr, br), (we, be) = groups
-        s = x.mean((2, 3))                                        # (N, C)
-        r = s @ wr.reshape(wr.shape[0], -1).t() + br              # (N, R)
-        e = act.fwd(r) @ we.reshape(we.shape[0], -1).t() + be     # (N, C) gate logits
-        # x: rebuilt in backward where a fused BN + act produced it (fuse/recompute.py)
-        return gate.fwd(x, e[:, :, None, None]), (recompute.saved(x, "se_gate"), s, r, e)
-
-    def bwd(dy, saved, groups):
-        x, s, r, e = saved
-        (wr, br), (we, be) = groups
-        wr2, we2 = wr.reshape(wr.shape[0], -1), we.reshape(we.shape[0], -1)
-        dx, de = gate.bwd(dy, x, e[:, :, None, None])
-        de = de.reshape(e.shape)
-        dr = act.bwd(de @ we2, r)
-        ds = dr @ wr2
-        dx = dx.add_((ds / (x.shape[2] * x.shape[3]))[:, :, None, None])   # dx: fresh, ours
-        return dx, ((((dr.t() @ s).reshape(wr.shape)), dr.sum(0)),
-                    ((de.t() @ act.fwd(r)).reshape(we.shape), de.sum(0)))
-    return MultiOpKernel(f"se[{gate.impl},{act.impl}]", fwd, bwd)
 
 
 def se_site(gate: Pure, act: Pure) -> Site:
