@@ -15,6 +15,12 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("FUSEBENCH_TEST", "1")     # inherited by every worker a test starts
 # one worker process per cell unless a test asks for --repeat (the CLI's default is 3)
 os.environ.setdefault("FUSEBENCH_REPEAT", "1")
+# Triton fixes interpretation when it is imported (its standard library's @triton.jit): the
+# full run sets this while collecting the kernel test modules, before torch imports triton
+# lazily (under a profiler or a dispatch mode, say). Here, any subset runs the Triton kernels
+# the same way, in any order (it read "Cannot call @triton.jit'd outside of the scope of a
+# kernel" when a dispatch-mode test ran before test_fused_amp.py's interpreted kernels).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _load_plugins(monkeypatch, plugins: str) -> None:

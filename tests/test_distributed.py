@@ -25,7 +25,7 @@ from tests.helpers import autograd_nodes
 WORLD = 2
 # the SE fusion's kernel in plain torch: the bug below is about counting, not about the impl
 SE_GATE = se_kernel(bind_act("se_gate", "cpu", [], "function"),
-                         bind_act("silu", "cpu", [], "function"))
+                    bind_act("silu", "cpu", [], "function"))
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 

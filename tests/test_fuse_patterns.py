@@ -59,8 +59,8 @@ ASSETS = {
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
-KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se_gate[", "se_project": "se_project[",
-                 "bn_train": "bn_train["}
+KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se_gate[",
+                 "se_project": "se_project[", "bn_train": "bn_train["}
 SITE_NAME = {"se_gate": "fused_se"}
 
 

@@ -10,14 +10,11 @@ site counted as se_gate too); the gate folds into the conv's weights per image w
 (fusions/se_project.py)."""
 from __future__ import annotations
 
-import functools
-
 import torch.nn as nn
 
 from fusebench.fuse.binding import Pure
-from fusebench.fuse import recompute
 from fusebench.fuse.conv1x1 import is_pointwise, run_conv
-from fusebench.fuse.engine import MultiOpKernel, run_ops
+from fusebench.fuse.engine import run_ops
 from fusebench.fuse.fusions.se_gate import se_kernel
 from fusebench.fuse.fusions.se_project import folds, se_project
 from fusebench.fuse.fx import nodes as N

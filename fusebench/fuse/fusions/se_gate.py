@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import torch.nn as nn
 
 from fusebench.fuse.binding import Pure
