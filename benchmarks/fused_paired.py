@@ -75,7 +75,7 @@ def worker(job: dict) -> dict:
     pin_malloc(None)                    # the runner's default heap policy
     torch.set_num_threads(job["threads"])
     base = job.get("baseline", "eager")
-    names = [base, "fused"] if job["eager_first"] else ["fused", base]
+    names = [base, "fused"] if job["baseline_first"] else ["fused", base]
     steps = {n: _side(n, job["ref"], job["kwargs"], job["channels_last"], job["batch"],
                       job["img"], job["threads"]) for n in names}
     for _ in range(job["warmup"]):
@@ -121,13 +121,12 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
     ref, kwargs = MODELS[model]
     if args.quick:
         kwargs = QUICK_KWARGS.get(model, kwargs)
-    logs, medians = [], []
+    logs, medians, base = [], [], args.baseline
     load0 = os.getloadavg()[0]
     for p in range(args.processes):
         job = {"ref": ref, "kwargs": kwargs, "channels_last": LAYOUTS[layout],
                "batch": args.batch, "img": args.img, "threads": threads,
-               # eager_first: the baseline (eager or compile) is built and stepped first
-               "warmup": args.warmup, "rounds": args.rounds, "eager_first": p % 2 == 0,
+               "warmup": args.warmup, "rounds": args.rounds, "baseline_first": p % 2 == 0,
                "baseline": args.baseline}
         out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
                              capture_output=True, text=True, timeout=args.timeout)
@@ -136,7 +135,6 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
             print(f"  process {p}: failed (rc {out.returncode}): {tail[0]}", file=sys.stderr)
             continue
         times = json.loads(out.stdout.strip().splitlines()[-1])
-        base = args.baseline
         logs.append(process_log_ratio(times, base))
         medians.append({n: sorted(v)[len(v) // 2] for n, v in times.items()})
         print(f"  {model} {layout} T{threads} process {p} ({base if p % 2 == 0 else 'fused'}"

@@ -34,9 +34,14 @@ def amp_dtype_name(chosen: str | None, device: str) -> str:
     return chosen or AMP_DEFAULT.get(device.split(":")[0], "bfloat16")
 
 
+def dtype_name(d) -> str:
+    """torch.float32 -> 'float32': the name specs, records and messages use."""
+    return str(d).removeprefix("torch.")
+
+
 def dtype_names(dtypes) -> tuple[str, ...]:
-    """(torch.float32, ...) -> ('float32', ...): the names specs and records use."""
-    return tuple(str(d).removeprefix("torch.") for d in dtypes)
+    """(torch.float32, ...) -> ('float32', ...)."""
+    return tuple(dtype_name(d) for d in dtypes)
 
 
 def torch_dtype(name: str):

@@ -38,7 +38,7 @@ def test_verdict_from_the_interval_over_processes(logs, want):
 def test_worker_runs_both_sides_as_the_model_cell_prepares_them():
     b = _bench()
     job = {"ref": "efficientnet_b0", "kwargs": {}, "channels_last": True, "batch": 2, "img": 32,
-           "threads": 1, "warmup": 1, "rounds": 3, "eager_first": False}
+           "threads": 1, "warmup": 1, "rounds": 3, "baseline_first": False}
     times = b.worker(job)
     assert set(times) == {"eager", "fused"}
     assert all(len(v) == 3 and min(v) > 0 for v in times.values())
@@ -76,7 +76,7 @@ def test_compile_baseline_pairs_fused_with_the_compile_mode(monkeypatch):
     built = []
     monkeypatch.setattr(b, "_side", lambda mode, *a: built.append(mode) or (lambda: None))
     job = {"ref": "efficientnet_b0", "kwargs": {}, "channels_last": True, "batch": 2, "img": 32,
-           "threads": 1, "warmup": 1, "rounds": 2, "eager_first": True, "baseline": "compile"}
+           "threads": 1, "warmup": 1, "rounds": 2, "baseline_first": True, "baseline": "compile"}
     times = b.worker(job)
     assert built == ["compile", "fused"] and set(times) == {"compile", "fused"}
     t = {"compile": [110.0, 120.0], "fused": [100.0, 100.0], "eager": [999.0, 999.0]}

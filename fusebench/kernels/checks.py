@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from fusebench.dtypes import dtype_name, dtype_names
+
 
 def check_nchw(op: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...],
                max_c: int | None = None) -> None:
     if x.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        names = ", ".join(dtype_names(dtypes))
         raise TypeError(f"{op}: unsupported dtype {x.dtype} (supported: {names})")
     if x.dim() != 4:
         raise ValueError(f"{op}: x must be 4-D (N, C, H, W), got {x.dim()}-D")
@@ -35,10 +37,6 @@ def check_bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> No
                          f"{tuple(x.shape)} and {tuple(bias.shape)}")
 
 
-def _dtype_name(d: torch.dtype) -> str:
-    return str(d).replace("torch.", "")
-
-
 def call_violations(y, y_ref: torch.Tensor, inputs: dict[str, torch.Tensor],
                     after: dict[str, torch.Tensor]) -> list[str]:
     """What one call of an impl did wrong besides its numbers, for the correctness check: an
@@ -50,7 +48,7 @@ def call_violations(y, y_ref: torch.Tensor, inputs: dict[str, torch.Tensor],
         return [f"returned {type(y).__name__}, not a tensor"]
     want = inputs["x"].dtype
     if y.dtype != want:
-        out.append(f"returned {_dtype_name(y.dtype)}, expected {_dtype_name(want)} "
+        out.append(f"returned {dtype_name(y.dtype)}, expected {dtype_name(want)} "
                    f"(the input's dtype)")
     if tuple(y.shape) != tuple(y_ref.shape):
         out.append(f"returned shape {tuple(y.shape)}, expected {tuple(y_ref.shape)}")

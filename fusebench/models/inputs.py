@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from fusebench.dtypes import dtype_name
 from fusebench.errors import UsageError
 
 HOOK = "example_inputs"
@@ -47,7 +48,7 @@ class ModelInputs:
 
 def describe_arg(a) -> str:
     if torch.is_tensor(a):
-        return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}"
+        return f"{dtype_name(a.dtype)}{list(a.shape)}"
     return type(a).__name__
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from fusebench.dtypes import dtype_names
 from fusebench.kernels.build import CppKernel
 from fusebench.kernels.bn_act.function import bn_act_function
-from fusebench.dtypes import dtype_names
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_bn_act_cpu"

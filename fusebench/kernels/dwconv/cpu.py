@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusebench.kernels.build import CppKernel
 from fusebench.dtypes import dtype_names
+from fusebench.kernels.build import CppKernel
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_dwconv_cpu"
