@@ -4,6 +4,7 @@ speed targets with the drift between processes taken out.
     python benchmarks/fused_paired.py --models efficientnet_b3 --layouts cl --threads 2
     python benchmarks/fused_paired.py                  # fused_mode.py's grid, speed only
     python benchmarks/fused_paired.py --baseline compile --models efficientnet_b0 --threads 1
+    python benchmarks/fused_paired.py --img 160,224    # the size range, side by side
     python benchmarks/fused_paired.py --quick          # smoke: tiny, 2 processes of 2 rounds
 
 Why: fused_mode.py times eager and fused in separate worker processes, through fusebench's
@@ -117,7 +118,7 @@ def verdict(ratio: float, low: float, high: float, baseline: str = "eager") -> s
                                                               Ratio(ratio, low, high))
 
 
-def run_config(args, model: str, layout: str, threads: int) -> dict:
+def run_config(args, model: str, layout: str, threads: int, img: int) -> dict:
     ref, kwargs = MODELS[model]
     if args.quick:
         kwargs = QUICK_KWARGS.get(model, kwargs)
@@ -125,7 +126,7 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
     load0 = os.getloadavg()[0]
     for p in range(args.processes):
         job = {"ref": ref, "kwargs": kwargs, "channels_last": LAYOUTS[layout],
-               "batch": args.batch, "img": args.img, "threads": threads,
+               "batch": args.batch, "img": img, "threads": threads,
                "warmup": args.warmup, "rounds": args.rounds, "baseline_first": p % 2 == 0,
                "baseline": args.baseline}
         out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
@@ -137,15 +138,18 @@ def run_config(args, model: str, layout: str, threads: int) -> dict:
         times = json.loads(out.stdout.strip().splitlines()[-1])
         logs.append(process_log_ratio(times, base))
         medians.append({n: sorted(v)[len(v) // 2] for n, v in times.items()})
-        print(f"  {model} {layout} T{threads} process {p} ({base if p % 2 == 0 else 'fused'}"
-              f" first): {base} {medians[-1][base]:.1f} ms, fused {medians[-1]['fused']:.1f}"
-              f" ms, {base}/fused {math.exp(logs[-1]):.3f}x", flush=True)
+        first = base if p % 2 == 0 else "fused"
+        print(f"  {model} {layout} T{threads} {img} px process {p} ({first} first): {base}"
+              f" {medians[-1][base]:.1f} ms, fused {medians[-1]['fused']:.1f} ms,"
+              f" {base}/fused {math.exp(logs[-1]):.3f}x", flush=True)
     if not logs:
-        return {"model": model, "layout": layout, "threads": threads, "verdict": "n/a"}
+        return {"model": model, "layout": layout, "threads": threads, "img": img,
+                "verdict": "n/a"}
     ratio, low, high = interval(logs)
-    return {"model": model, "layout": layout, "threads": threads, "processes": len(logs),
-            "baseline": args.baseline, "rounds": args.rounds, "ratio": ratio, "low": low,
-            "high": high, "verdict": verdict(ratio, low, high, args.baseline),
+    return {"model": model, "layout": layout, "threads": threads, "img": img,
+            "processes": len(logs), "baseline": args.baseline, "rounds": args.rounds,
+            "ratio": ratio, "low": low, "high": high,
+            "verdict": verdict(ratio, low, high, args.baseline),
             "process_ratios": [math.exp(v) for v in logs],
             "medians": medians, "load": [load0, os.getloadavg()[0]]}
 
@@ -156,7 +160,9 @@ def parse(argv):
     ap.add_argument("--layouts", default="nchw,cl", help="nchw and/or cl (channels-last)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--img", type=int, default=160)
+    # more than one size: the ratio grows with the image, since a per-step cost that does not
+    # shrink with threads weighs less on a larger step (docs/fused.md, twentieth session)
+    ap.add_argument("--img", default="160", help="image size(s) in px, e.g. 160,224")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--processes", type=int, default=8)
@@ -170,12 +176,17 @@ def parse(argv):
     if a.quick:
         a.models = "efficientnet_b0" if a.models == ",".join(MODELS) else a.models
         a.layouts, a.threads = "cl", "1"
-        a.batch, a.img, a.warmup, a.rounds, a.processes = 2, 32, 1, 2, 2
+        a.batch, a.img, a.warmup, a.rounds, a.processes = 2, "32", 1, 2, 2
     if a.models == ",".join(MODELS):     # the grid: the models the baseline's target is for
         a.models = ",".join(m for m in MODELS if m.startswith(FAMILIES[a.baseline]))
+    try:
+        a.thread_list = [int(t) for t in a.threads.split(",")]
+        a.img_list = [int(t) for t in a.img.split(",")]
+    except ValueError:
+        ap.error(f"--threads / --img: comma-separated integers, got {a.threads!r} / {a.img!r}")
     bad = [m for m in a.models.split(",") if m not in MODELS] + \
           [x for x in a.layouts.split(",") if x not in LAYOUTS]
-    if bad or min(a.rounds, a.processes, a.batch, a.img) < 1:
+    if bad or min(a.rounds, a.processes, a.batch, *a.img_list, *a.thread_list) < 1:
         ap.error(f"unknown or bad value(s): {bad or 'a count below 1'}; models: {list(MODELS)},"
                  f" layouts: {list(LAYOUTS)}")
     fams = FAMILIES[a.baseline]
@@ -183,10 +194,6 @@ def parse(argv):
     if off:
         ap.error(f"--baseline {a.baseline}: the issue's target against it is for "
                  f"{', '.join(fams)} models, not {', '.join(off)}")
-    try:
-        a.thread_list = [int(t) for t in a.threads.split(",")]
-    except ValueError:
-        ap.error(f"--threads: integers, got {a.threads!r}")
     return a
 
 
@@ -199,15 +206,17 @@ def main(argv=None) -> int:
     for model in a.models.split(","):
         for layout in a.layouts.split(","):
             for threads in a.thread_list:
-                results.append(run_config(a, model, layout, threads))
+                for img in a.img_list:
+                    results.append(run_config(a, model, layout, threads, img))
     print(f"\n{a.baseline}/fused, paired in each process ({a.processes} processes x {a.rounds}"
-          f" rounds, b{a.batch}, {a.img} px); target >= {SPEEDS[a.baseline].bound}x:")
+          f" rounds, b{a.batch}); target >= {SPEEDS[a.baseline].bound}x:")
     for r in results:
+        cell = f"{r['model']:17} {r['layout']:4} T{r['threads']} {r['img']:3} px"
         if r["verdict"] == "n/a":
-            print(f"  n/a     {r['model']:17} {r['layout']:4} T{r['threads']}: no process ran")
+            print(f"  n/a     {cell}: no process ran")
             continue
         ci = "" if math.isnan(r["low"]) else f" [{r['low']:.2f}, {r['high']:.2f}]"
-        print(f"  {r['verdict']:7} {r['model']:17} {r['layout']:4} T{r['threads']}: "
+        print(f"  {r['verdict']:7} {cell}: "
               f"{r['ratio']:.2f}x{ci} over {r['processes']} processes; load "
               f"{r['load'][0]:.2f} -> {r['load'][1]:.2f}")
     if a.json_out:

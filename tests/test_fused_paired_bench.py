@@ -52,10 +52,37 @@ def test_fused_side_is_the_fused_mode():
     assert step.opt is not None                  # an SGD step, as the model cell's
 
 
-def test_bad_input_is_one_usage_line():
-    r = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paired.py"), "--models", "nope"],
+@pytest.mark.parametrize("argv, said", [(["--models", "nope"], "nope"),
+                                        (["--img", "160,abc"], "'160,abc'"),
+                                        (["--img", "160,0"], "below 1"),
+                                        (["--threads", "two"], "'two'")])
+def test_bad_input_is_one_usage_line(argv, said):
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paired.py"), *argv],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "nope" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if "error:" in ln]) == 1
+
+
+def test_sizes_run_side_by_side_in_each_cell(monkeypatch, capsys):
+    """--img 160,224: each (model, layout, threads) runs at every size, next to each other,
+    and each result line and record names its size."""
+    b = _bench()
+    seen = []
+
+    def fake(args, model, layout, threads, img):
+        seen.append((model, layout, threads, img))
+        ratio = 1.25 if img == 160 else 1.35
+        return {"model": model, "layout": layout, "threads": threads, "img": img,
+                "verdict": b.verdict(ratio, ratio - 0.02, ratio + 0.02), "ratio": ratio,
+                "low": ratio - 0.02, "high": ratio + 0.02, "processes": 3, "load": [0.1, 0.2]}
+    monkeypatch.setattr(b, "run_config", fake)
+    rc = b.main(["--models", "efficientnet_b0", "--layouts", "cl", "--threads", "1,2",
+                 "--img", "160,224"])
+    assert seen == [("efficientnet_b0", "cl", t, s) for t in (1, 2) for s in (160, 224)]
+    out = capsys.readouterr().out
+    assert "FAIL    efficientnet_b0   cl   T2 160 px: 1.25x" in out
+    assert "PASS    efficientnet_b0   cl   T2 224 px: 1.35x" in out
+    assert rc == 1                                   # not every cell passed
 
 
 def test_quick_run_end_to_end(tmp_path):
@@ -99,4 +126,4 @@ def test_compile_baseline_refuses_models_without_that_target():
 def test_the_default_grid_keeps_full_sizes_and_the_baselines_models(argv, models):
     a = _bench().parse(argv)
     assert a.models == models
-    assert (a.batch, a.img, a.layouts, a.thread_list) == (8, 160, "nchw,cl", [1, 2])
+    assert (a.batch, a.img_list, a.layouts, a.thread_list) == (8, [160], "nchw,cl", [1, 2])
