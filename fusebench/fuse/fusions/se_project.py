@@ -25,7 +25,7 @@ from fusebench.fuse.binding import Pure
 from fusebench.fuse.conv1x1 import channels_last, is_pointwise
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.fusions.bn_train import FusedConvBN
-from fusebench.fuse.fusions.se_gate import FusedSqueezeExcite
+from fusebench.fuse.fusions.se_gate import FusedSqueezeExcite, squeeze, squeeze_bwd
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.models.layers import ConvBNAct, MBConv, SqueezeExcite
@@ -51,19 +51,14 @@ def _rows(x: torch.Tensor, c: int):
     return x.reshape(n, c, h * w), False
 
 
-def _fc(v, w, b):
-    return torch.addmm(b, v, w.flatten(1).t())
-
-
 @functools.cache
 def se_project_kernel(act: Pure) -> MultiOpKernel:
     """groups: reduce (w, b), expand (w, b), projection (w[, b]); x (N, C, H, W)."""
     def fwd(x, groups):
-        (wr, br), (we, be), (wp, *bp) = groups
+        wp, *bp = groups[2]
         n, c, h, w = x.shape
-        s = x.mean((2, 3))                                  # (N, C)
-        r = _fc(s, wr, br)                                  # (N, R)
-        g = torch.sigmoid(_fc(act.fwd(r), we, be))          # (N, C) gate
+        s, r, e = squeeze(x, groups, act)
+        g = torch.sigmoid(e)                                # (N, C) gate
         wn = wp.flatten(1)[None] * g[:, None, :]            # (N, O, C): the gate folded in
         X, cl = _rows(x, c)
         o = wp.shape[0]
@@ -77,7 +72,7 @@ def se_project_kernel(act: Pure) -> MultiOpKernel:
 
     def bwd(dy, saved, groups):
         x, s, r, g = saved
-        (wr, br), (we, be), (wp, *bp) = groups
+        wp, *bp = groups[2]
         n, c, h, w = x.shape
         o, wp2 = wp.shape[0], wp.flatten(1)
         X, cl = _rows(x, c)
@@ -86,17 +81,15 @@ def se_project_kernel(act: Pure) -> MultiOpKernel:
         # m[n] = dY_n^T x_n (O, C): the weight's gradient gated per image, the gate's summed
         dwp = (m * g[:, None, :]).sum(0)
         de = (m * wp2).sum(1) * g * (1 - g)                 # through the sigmoid: (N, C)
-        a = act.fwd(r)
-        dr = act.bwd(de @ we.flatten(1), r)
-        ds = (dr @ wr.flatten(1)) / (h * w)                 # the mean's gradient, per (n, c)
+        ds, se_grads = squeeze_bwd(de, s, r, groups, act)
+        ds = ds / (h * w)                                   # the mean's gradient, per (n, c)
         wn = wp2[None] * g[:, None, :]
         if cl:       # ds as the GEMM's accumulator: no pass to add it
             dx = torch.baddbmm(ds[:, None, :], D, wn).view(n, h, w, c).permute(0, 3, 1, 2)
         else:
             dx = torch.baddbmm(ds[:, :, None], wn.transpose(1, 2), D).view(n, c, h, w)
         dbp = (D.sum((0, 1)) if cl else D.sum((0, 2)),) if bp else ()
-        return dx, (((dr.t() @ s).view(wr.shape), dr.sum(0)),
-                    ((de.t() @ a).view(we.shape), de.sum(0)), (dwp.view(wp.shape), *dbp))
+        return dx, (*se_grads, (dwp.view(wp.shape), *dbp))
     return MultiOpKernel(f"se_project[{act.impl}]", fwd, bwd)
 
 
