@@ -24,7 +24,12 @@ copy. Then four bounds:
   - memory roofline: the same with the copy timed from memory, what a kernel whose operands are
                not in the cache can at best reach;
   - aten only: eager / (the fused step's share of aten convolutions and GEMMs, from one profiled
-               fused step), i.e. everything but the convs/GEMMs fused mode leaves to aten free.
+               fused step), i.e. everything but the convs/GEMMs fused mode leaves to aten free;
+  - free (with `--free act,ln2d`, any of the families): eager / a third step, timed in the same
+               rounds, in which the fused model's calls into those families do no work at all
+               and return unwritten tensors of the shapes their real calls returned. What is
+               left is measured, not derived: what fused mode could reach if those kernels
+               cost nothing (e.g. LN and GELU folded into the GEMMs around them for free).
 If the roofline bound is below a target, no faster kernel reaches it without moving the fusion
 boundary (fewer passes over memory, or replacing aten's convolutions); if the aten-only bound is
 below it, nothing short of faster convolutions does. Read it on a quiet machine: the load
@@ -118,18 +123,74 @@ class _Timed:
         return call
 
 
+@dataclass
+class Replay:
+    """Kernel families made free: while `on`, a call into one of `families` returns unwritten
+    tensors shaped as the last real call with the same arguments' shapes returned (no work, no
+    pass over memory; `missed` counts calls with no such record, which run for real). Off,
+    calls run and record their outputs' shapes."""
+    families: frozenset[str] = frozenset()
+    on: bool = False
+    outs: dict = field(default_factory=dict)
+    missed: int = 0
+
+
+def _signature(obj):
+    """A hashable key of a call's arguments: each tensor's shape, strides and dtype."""
+    if isinstance(obj, torch.Tensor):
+        return (tuple(obj.shape), obj.stride(), obj.dtype)
+    if isinstance(obj, (tuple, list)):
+        return tuple(_signature(o) for o in obj)
+    return obj
+
+
+def _unwritten(sig):
+    """Fresh tensors of a call's recorded output signature (other values as they were)."""
+    if isinstance(sig, tuple) and len(sig) == 3 and isinstance(sig[2], torch.dtype):
+        return torch.empty_strided(sig[0], sig[1], dtype=sig[2])
+    if isinstance(sig, tuple):
+        return tuple(_unwritten(s) for s in sig)
+    return sig
+
+
+class _Free:
+    """A C++ extension whose calls, for the families in `replay`, are replayed for nothing
+    while `replay.on` (the free step); other families pass straight through."""
+
+    def __init__(self, family: str, ext, replay: Replay):
+        self._family, self._ext, self._replay = family, ext, replay
+
+    def __getattr__(self, fn: str):
+        impl, replay = getattr(self._ext, fn), self._replay
+        if self._family not in replay.families:
+            return impl
+
+        def call(*args, **kwargs):
+            key = (fn, _signature(args), _signature(tuple(kwargs.items())))
+            if replay.on and key in replay.outs:
+                return _unwritten(replay.outs[key])
+            replay.missed += replay.on
+            out = impl(*args, **kwargs)
+            replay.outs[key] = _signature(out)
+            return out
+        return call
+
+
 def _minflt() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_kernels(log: CallLog) -> None:
-    """Route each bundled C++ family's `extension()` through _Timed (for this process)."""
+def time_kernels(log: CallLog, replay: Replay | None = None) -> None:
+    """Route each bundled C++ family's `extension()` through _Timed, and _Free where `replay`
+    names it (for this process)."""
     for family in KERNEL_MODULES:
         mod = importlib.import_module(f"fusebench.kernels.{family}.cpu")
         if not mod.available("cpu")[0]:
             continue
-        timed = _Timed(family, mod.extension(), log)
-        mod.extension = lambda timed=timed: timed
+        ext = _Timed(family, mod.extension(), log)
+        if replay is not None and family in replay.families:
+            ext = _Free(family, ext, replay)
+        mod.extension = lambda ext=ext: ext
 
 
 def copy_seconds_per_byte(size: int, reps: int = 5) -> float:
@@ -174,24 +235,45 @@ def aten_heavy_share(model, x, target) -> float:
     return heavy / max(1e-9, sum(times.values()))
 
 
+def _free_step(replay: Replay, model, x, target) -> None:
+    """The fused step with replay's families free. Denormals flush here only: an unwritten
+    tensor may hold any bits, and a slow denormal must not count against the bound."""
+    replay.on, flush = True, torch.set_flush_denormal(True)
+    try:
+        step(model, x, target)
+    finally:
+        replay.on = False
+        if flush:
+            torch.set_flush_denormal(False)
+
+
 def measure(args) -> dict:
-    log = CallLog()
-    time_kernels(log)
+    log, replay = CallLog(), Replay(frozenset(args.free))
+    time_kernels(log, replay if args.free else None)
     x, target = batch_of(args)
     models = warm_pair(args, x, target)
-    wall: dict[str, list[float]] = {k: [] for k in models}
-    faults: dict[str, list[int]] = {k: [] for k in models}
+    # the free side runs the fused model, after a real fused step has recorded its calls
+    sides = dict(models, **({"free": models["fused"]} if args.free else {}))
+    wall: dict[str, list[float]] = {k: [] for k in sides}
+    faults: dict[str, list[int]] = {k: [] for k in sides}
     for _ in range(args.steps):
-        for name, m in models.items():
+        for name, m in sides.items():
             log.on = name == "fused"
             f0, t0 = _minflt(), time.perf_counter()
-            step(m, x, target)
+            if name == "free":
+                _free_step(replay, m, x, target)
+            else:
+                step(m, x, target)
             wall[name].append(time.perf_counter() - t0)
             faults[name].append(_minflt() - f0)
             log.on = False
     share = aten_heavy_share(models["fused"], x, target)
     r = summarise(log, wall, share, args.steps)
     r["faults_per_step"] = {k: statistics.median(v) for k, v in faults.items()}
+    if args.free:
+        free = statistics.median(wall["free"])
+        r.update(free_ms=1e3 * free, free=sorted(args.free), free_missed=replay.missed)
+        r["bound"]["free"] = statistics.median(wall["eager"]) / free
     return r
 
 
@@ -241,13 +323,24 @@ def report(r: dict, head: str) -> None:
           f" (our kernels at copy speed), memory roofline {b['memory_roofline']:.2f}x (at a "
           f"copy's speed from memory), aten-only bound {b['aten_only']:.2f}x (all but aten's"
           f" convs/GEMMs free)")
+    if "free" in b:
+        missed = f"; {r['free_missed']} calls had no record and ran" if r["free_missed"] else ""
+        print(f"  with {', '.join(r['free'])} free (their calls do no work): fused "
+              f"{r['free_ms']:.1f} ms, bound {b['free']:.2f}x{missed}")
 
 
 def main(argv=None) -> int:
     ap = step_parser(__doc__)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--free", default="", help=f"kernel families to time a free step without "
+                    f"(comma-separated: {', '.join(KERNEL_MODULES)})")
     args = ap.parse_args(argv)
+    args.free = [f for f in args.free.split(",") if f]
+    bad = [f for f in args.free if f not in KERNEL_MODULES]
+    if bad:
+        ap.error(f"--free: unknown kernel famil{'ies' if len(bad) > 1 else 'y'} "
+                 f"{', '.join(bad)}; known: {', '.join(KERNEL_MODULES)}")
     pin_malloc(args.heap)       # glibc's thresholds as a model cell fixes them (measure/heap.py)
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]

@@ -304,6 +304,80 @@ def test_the_residual_add_folds_into_the_mlp_site(p, layout, folded, site_calls)
     assert ("AddBackward0" in kinds) == (not folded)
 
 
+class TimmMlp(nn.Module):              # timm's Mlp: fc1, act, drop1, norm (Identity), fc2, drop2
+    def __init__(self, c, p=0.0):
+        super().__init__()
+        self.fc1, self.act, self.drop1 = nn.Linear(c, 4 * c), nn.GELU(), nn.Dropout(p)
+        self.norm, self.fc2, self.drop2 = nn.Identity(), nn.Linear(4 * c, c), nn.Dropout(p)
+
+    def forward(self, x):
+        x = self.drop1(self.act(self.fc1(x)))
+        return self.drop2(self.fc2(self.norm(x)))
+
+
+class SequentialMlp(nn.Sequential):    # torchvision's ViT MLPBlock: an nn.Sequential subclass
+    def __init__(self, c, p=0.0):
+        super().__init__(nn.Linear(c, 4 * c), nn.GELU(), nn.Dropout(p), nn.Linear(4 * c, c),
+                         nn.Dropout(p))
+
+
+class MlpBlock(nn.Module):             # a ViT block's second half on tokens: x + mlp(x)
+    def __init__(self, c, p=0.0, mlp=TimmMlp):
+        super().__init__()
+        self.mlp = mlp(c, p)
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+@pytest.mark.parametrize("mlp", [TimmMlp, SequentialMlp])
+def test_identity_dropouts_between_the_activation_and_fc2_are_skipped(mlp, site_calls):
+    """timm's Mlp puts a dropout (p=0) and an nn.Identity norm between its act and fc2,
+    torchvision's ViT MLPBlock a dropout: one mlp site all the same, its residual folded,
+    forward and gradients as float64 eager."""
+    torch.manual_seed(0)
+    model = MlpBlock(6, mlp=mlp).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = assert_matches_eager(model, ref, (x,))
+    kinds = {type(n).__name__ for n in autograd_nodes(y)}
+    assert "ResidualOpFunctionBackward" in kinds and "AddBackward0" not in kinds, kinds
+    assert site_calls == {"fused_mlp": 1}
+
+
+@pytest.mark.parametrize("mlp", [TimmMlp, SequentialMlp])
+def test_a_live_dropout_before_fc2_is_a_reason_not_a_site(mlp):
+    result = fuse(MlpBlock(6, p=0.1, mlp=mlp).train(), "train")
+    assert not result.sites
+    assert any("dropout with p > 0 between the activation and fc2" in str(n)
+               for n in result.notes), result.notes
+
+
+def test_a_classifier_dropout_is_no_mlp_candidate():
+    """`Dropout(p) -> Linear` after a pooled feature (torchvision's classifier) is no MLP:
+    no reason reported for it."""
+    head = nn.Sequential(nn.Linear(6, 6), nn.Flatten(), nn.Dropout(0.2), nn.Linear(6, 3))
+    result = fuse(head.train(), "train")
+    assert not result.sites and not any("mlp" in str(n) for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("layout, folded", [(torch.channels_last, True),
+                                            (torch.contiguous_format, False)])
+def test_a_1x1_conv_mlp_folds_its_residual_on_channels_last(layout, folded, site_calls):
+    """x + gamma * fc2(act(fc1(x))) with 1x1 convs: on channels-last x the residual is fc2's
+    GEMM accumulator (rows are the (N, H, W, C) view); NCHW keeps aten's add."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), ConvMlpGamma(6)).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    y = assert_matches_eager(model, ref, (image().contiguous(memory_format=layout),))
+    kinds = {type(n).__name__ for n in autograd_nodes(y)}
+    assert ("ResidualOpFunctionBackward" in kinds) == folded, kinds
+    assert ("AddBackward0" in kinds) == (not folded), kinds
+
+
 def test_a_hooked_module_is_a_candidate_not_fused():
     model = build(tv_efficientnet.make)
     model.features[0][1].register_forward_hook(lambda m, i, o: None)    # the stem's BN

@@ -50,6 +50,13 @@ def conv1x1(x, w, b=None):
     return F.conv2d(x, w, b)
 
 
+def conv1x1_add(res, x, w, b=None):
+    """res + conv1x1(x, w, b) with res as the GEMM's accumulator (fuse/gemm.py's nt_add), on
+    channels-last x and res (their (N, H, W, C) views are the GEMM's rows)."""
+    return gemm.nt_add(res.permute(0, 2, 3, 1), x.permute(0, 2, 3, 1), w.flatten(1),
+                       b).permute(0, 3, 1, 2)
+
+
 def run_conv(conv: nn.Module, x):
     """conv(x), through conv1x1 where conv is a pointwise nn.Conv2d (same Parameters)."""
     return conv1x1(x, conv.weight, conv.bias) if is_pointwise(conv) else conv(x)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fusebench.fuse import gemm
 from fusebench.fuse.binding import Pure
-from fusebench.fuse.conv1x1 import channels_last, conv1x1
+from fusebench.fuse.conv1x1 import channels_last, conv1x1, conv1x1_add
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
@@ -52,8 +52,18 @@ def _as_conv(grads, w):
     return dw.view(w.shape), db
 
 
-FC = {"linear": (gemm.linear, _linear_bwd, -1),          # fwd, split bwd, channel dim
-      "conv2d": (conv1x1, _conv1x1_bwd, 1)}
+def _linear_rows(res, h0) -> bool:
+    return res.is_contiguous()
+
+
+def _conv_rows(res, h0) -> bool:        # conv1x1_add's GEMM rows: channels-last views
+    return channels_last(res) and channels_last(h0)
+
+
+# fwd, split bwd, channel dim, res + fwd (res the GEMM's accumulator), whether res and h0's
+# layouts let that GEMM take res as they are
+FC = {"linear": (gemm.linear, _linear_bwd, -1, gemm.nt_add, _linear_rows),
+      "conv2d": (conv1x1, _conv1x1_bwd, 1, conv1x1_add, _conv_rows)}
 
 
 class BiasAct:
@@ -112,7 +122,7 @@ def mlp_backward(ba: BiasAct, fc_bwd, dy, h0, b1, w2, has_b2):
 
 @functools.cache
 def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
-    fc_fwd, fc_bwd, _ = FC[fc]
+    fc_fwd, fc_bwd, _, fc_add, _ = FC[fc]
 
     def unpack(groups):
         g1, g2, g3 = groups
@@ -130,7 +140,7 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
         g = ba.fwd(h0, b1)
         if res is None:
             return fc_fwd(g, *folded(w2, b2, gamma)), (h0,)
-        return gemm.nt_add(res, g, *folded(w2, b2, gamma)), (h0,)
+        return fc_add(res, g, *folded(w2, b2, gamma)), (h0,)
 
     def bwd(dy, saved, groups):
         (h0,), (b1, w2, b2, gamma) = saved, unpack(groups)
@@ -165,16 +175,19 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         groups = ((b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
-        if not foldable(res, h0, w2):
+        if not foldable(res, h0, w2, fc):
             return run_ops(kernel, h0, groups) + res           # eager's add, same numbers
         return run_ops_residual(kernel, h0, groups, res)
     return Site("fused_mlp", run)
 
 
-def foldable(res, h0, w2) -> bool:
-    """res can be fc2's GEMM accumulator: the output's shape, dtype and row-major layout."""
-    return (res.shape == (*h0.shape[:-1], w2.shape[0]) and res.dtype == h0.dtype == w2.dtype
-            and res.is_contiguous() and not torch.is_autocast_enabled(res.device.type))
+def foldable(res, h0, w2, fc: str = "linear") -> bool:
+    """res can be fc2's GEMM accumulator: the output's shape, dtype and the GEMM's row layout."""
+    cdim, rows = FC[fc][2], FC[fc][4]
+    shape = list(h0.shape)
+    shape[cdim] = w2.shape[0]
+    return (tuple(res.shape) == tuple(shape) and res.dtype == h0.dtype == w2.dtype
+            and rows(res, h0) and not torch.is_autocast_enabled(res.device.type))
 
 
 def ln_prologue(fc1_node, x, scope):
@@ -197,7 +210,10 @@ def _gamma(fc2, op: str, scope):
 
 
 def _identity_dropout(n, scope) -> bool:
-    """A dropout that is the identity here: p == 0, or any p outside training."""
+    """A dropout that is the identity here (p == 0, or any p outside training), or an
+    nn.Identity (timm's Mlp has both between its act and fc2: drop1, norm)."""
+    if N.op(n) == "identity":
+        return True
     if N.op(n) != "dropout":
         return False
     m = N.module(n)
@@ -224,11 +240,34 @@ def _residual(out, scope):
     return u, res, (out, *skipped)
 
 
+def _above_identities(n, scope):
+    """(the node above n's identity dropouts, those dropouts): walking up from fc2's input
+    through identities that have no other user."""
+    skipped = []
+    while n is not None and _identity_dropout(n, scope) and len(n.users) == 1:
+        skipped.append(n)
+        n = N.x_of(n)
+    return n, tuple(skipped)
+
+
+def _live_dropout(drop):
+    """A Miss where the dropout sits between an MLP's activation and fc2 (else not an MLP:
+    e.g. a classifier's `Dropout -> Linear`)."""
+    act = match_act(N.x_of(drop)) if N.x_of(drop) is not None else None
+    if act is None or isinstance(act, str) or not isinstance(N.fc(act.x), tuple):
+        return None
+    return Miss("mlp", "a dropout with p > 0 between the activation and fc2 (training)")
+
+
 @register_pattern("mlp", benches=("train", "infer"))
 def mlp(n, scope):
-    """Linear/1x1-conv -> GELU/SiLU -> Linear/1x1-conv [-> * gamma] -> one Function."""
+    """Linear/1x1-conv -> GELU/SiLU [-> identity dropouts] -> Linear/1x1-conv [-> * gamma]
+    [-> + residual] -> one Function."""
     fc2 = N.fc(n)
-    act_node = N.x_of(n) if isinstance(fc2, tuple) else None
+    act_node, drops = _above_identities(N.x_of(n), scope) if isinstance(fc2, tuple) \
+        else (None, ())
+    if N.op(act_node) == "dropout":    # one _above_identities did not skip: p > 0 in training
+        return _live_dropout(act_node)
     act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
@@ -249,15 +288,13 @@ def mlp(n, scope):
                  FC[op][2])
     args = (Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
-    nodes = (act_node, *act.nodes, fc1_node, *([n] if mul else []))
+    nodes = (*drops, act_node, *act.nodes, fc1_node, *([n] if mul else []))
     ln = ln_prologue(fc1_node, fc1[1], scope) if op == "linear" else None
     head, eps = (fc1[1],), None
     if ln is not None:
         (ln_node, (x, eps, lw, lb)) = ln
         head, nodes = (x, lw, lb), (*nodes, ln_node)
-    out, res, skipped = mul or n, None, ()
-    if op == "linear":
-        out, res, skipped = _residual(out, scope)
+    out, res, skipped = _residual(mul or n, scope)
     if res is not None:
         args = (*args[:4], res, *args[4:])
     return Hit("mlp", out, mlp_site(ba, op, eps, res is not None), (*head, *args),

@@ -31,6 +31,7 @@ MODULES = {
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
+    nn.Identity: "identity",
 }
 ACTS = ("silu", "relu", "gelu")                      # activations with a fused kernel here
 
