@@ -49,6 +49,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -135,10 +136,17 @@ class Replay:
     missed: int = 0
 
 
+class TensorSig(NamedTuple):
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
 def _signature(obj):
-    """A hashable key of a call's arguments: each tensor's shape, strides and dtype."""
+    """A hashable key of a call's arguments (or record of its outputs): each tensor as its
+    TensorSig, tuples and lists as tuples, other values as they are."""
     if isinstance(obj, torch.Tensor):
-        return (tuple(obj.shape), obj.stride(), obj.dtype)
+        return TensorSig(tuple(obj.shape), obj.stride(), obj.dtype)
     if isinstance(obj, (tuple, list)):
         return tuple(_signature(o) for o in obj)
     return obj
@@ -146,8 +154,8 @@ def _signature(obj):
 
 def _unwritten(sig):
     """Fresh tensors of a call's recorded output signature (other values as they were)."""
-    if isinstance(sig, tuple) and len(sig) == 3 and isinstance(sig[2], torch.dtype):
-        return torch.empty_strided(sig[0], sig[1], dtype=sig[2])
+    if isinstance(sig, TensorSig):
+        return torch.empty_strided(sig.shape, sig.stride, dtype=sig.dtype)
     if isinstance(sig, tuple):
         return tuple(_unwritten(s) for s in sig)
     return sig

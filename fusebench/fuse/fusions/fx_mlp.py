@@ -7,6 +7,8 @@ bias_gelu act family bound for this fuse(); the rest runs aten's ops."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -52,18 +54,23 @@ def _as_conv(grads, w):
     return dw.view(w.shape), db
 
 
-def _linear_rows(res, h0) -> bool:
-    return res.is_contiguous()
+@dataclass(frozen=True)
+class Fc:
+    """One spelling of an MLP's fc: fwd(x, w, b), bwd (the split backward above), its channel
+    dim, add(res, x, w, b) = res + fwd with res as the GEMM's accumulator, and rows(res, h0):
+    whether res and h0's layouts let that GEMM take res as they are."""
+    fwd: Callable
+    bwd: Callable
+    cdim: int
+    add: Callable
+    rows: Callable[..., bool]
 
 
-def _conv_rows(res, h0) -> bool:        # conv1x1_add's GEMM rows: channels-last views
-    return channels_last(res) and channels_last(h0)
-
-
-# fwd, split bwd, channel dim, res + fwd (res the GEMM's accumulator), whether res and h0's
-# layouts let that GEMM take res as they are
-FC = {"linear": (gemm.linear, _linear_bwd, -1, gemm.nt_add, _linear_rows),
-      "conv2d": (conv1x1, _conv1x1_bwd, 1, conv1x1_add, _conv_rows)}
+FC = {"linear": Fc(gemm.linear, _linear_bwd, -1, gemm.nt_add,
+                   lambda res, h0: res.is_contiguous()),
+      # conv1x1_add's GEMM rows are the (N, H, W, C) views: channels-last res and h0
+      "conv2d": Fc(conv1x1, _conv1x1_bwd, 1, conv1x1_add,
+                   lambda res, h0: channels_last(res) and channels_last(h0))}
 
 
 class BiasAct:
@@ -122,7 +129,7 @@ def mlp_backward(ba: BiasAct, fc_bwd, dy, h0, b1, w2, has_b2):
 
 @functools.cache
 def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
-    fc_fwd, fc_bwd, _, fc_add, _ = FC[fc]
+    fc_fwd, fc_bwd, fc_add = FC[fc].fwd, FC[fc].bwd, FC[fc].add
 
     def unpack(groups):
         g1, g2, g3 = groups
@@ -162,7 +169,7 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
              residual: bool = False) -> Site:
     """run(x, [ln weight, ln bias,] w1, b1, w2, b2, [res,] [gamma]): with ln_eps, fc1 takes
     LayerNorm(x) (ln_linear); with residual, res + the MLP, the add inside fc2's GEMM."""
-    kernel, fc_fwd = mlp_kernel(ba, fc), FC[fc][0]
+    kernel, fc_fwd = mlp_kernel(ba, fc), FC[fc].fwd
 
     def run(x, *args):
         if ln_eps is not None:
@@ -181,13 +188,12 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
     return Site("fused_mlp", run)
 
 
-def foldable(res, h0, w2, fc: str = "linear") -> bool:
+def foldable(res, h0, w2, fc: str) -> bool:
     """res can be fc2's GEMM accumulator: the output's shape, dtype and the GEMM's row layout."""
-    cdim, rows = FC[fc][2], FC[fc][4]
     shape = list(h0.shape)
-    shape[cdim] = w2.shape[0]
-    return (tuple(res.shape) == tuple(shape) and res.dtype == h0.dtype == w2.dtype
-            and rows(res, h0) and not torch.is_autocast_enabled(res.device.type))
+    shape[FC[fc].cdim] = w2.shape[0]
+    return (list(res.shape) == shape and res.dtype == h0.dtype == w2.dtype
+            and FC[fc].rows(res, h0) and not torch.is_autocast_enabled(res.device.type))
 
 
 def ln_prologue(fc1_node, x, scope):
@@ -253,7 +259,8 @@ def _above_identities(n, scope):
 def _live_dropout(drop):
     """A Miss where the dropout sits between an MLP's activation and fc2 (else not an MLP:
     e.g. a classifier's `Dropout -> Linear`)."""
-    act = match_act(N.x_of(drop)) if N.x_of(drop) is not None else None
+    above = N.x_of(drop)
+    act = match_act(above) if above is not None else None
     if act is None or isinstance(act, str) or not isinstance(N.fc(act.x), tuple):
         return None
     return Miss("mlp", "a dropout with p > 0 between the activation and fc2 (training)")
@@ -285,7 +292,7 @@ def mlp(n, scope):
     mul, gamma = _gamma(n, op, scope)
     bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1[3] else None
     ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate,
-                 FC[op][2])
+                 FC[op].cdim)
     args = (Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
             fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
     nodes = (*drops, act_node, *act.nodes, fc1_node, *([n] if mul else []))

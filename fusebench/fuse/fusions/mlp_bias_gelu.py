@@ -27,7 +27,7 @@ def bias_gelu_fc2_kernel(act: Pure, approximate: str) -> MultiOpKernel:
 
     def bwd(dy, saved, groups):
         (h0,), ((b1,), (w2, b2)) = saved, groups
-        dh, db1, dw2, db2 = mlp_backward(ba, FC["conv2d"][1], dy, h0, b1, w2, True)
+        dh, db1, dw2, db2 = mlp_backward(ba, FC["conv2d"].bwd, dy, h0, b1, w2, True)
         return dh, ((db1,), (dw2, db2))
     return MultiOpKernel(f"bias_gelu_fc2[{act.impl},{approximate}]", fwd, bwd)
 
