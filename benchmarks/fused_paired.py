@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fused_mode  # noqa: E402
-from fused_mode import LAYOUTS, MODELS, QUICK_KWARGS  # noqa: E402
+from fused_mode import GRID, LAYOUTS, MODELS, QUICK_KWARGS  # noqa: E402
 
 # the target each baseline is held to: fused >= 1.3x eager, fused >= 1.0x compile; and the
 # model families the issue sets it for
@@ -156,7 +156,7 @@ def run_config(args, model: str, layout: str, threads: int, img: int) -> dict:
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(GRID))
     ap.add_argument("--layouts", default="nchw,cl", help="nchw and/or cl (channels-last)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--batch", type=int, default=8)
@@ -174,11 +174,11 @@ def parse(argv):
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.quick:
-        a.models = "efficientnet_b0" if a.models == ",".join(MODELS) else a.models
+        a.models = "efficientnet_b0" if a.models == ",".join(GRID) else a.models
         a.layouts, a.threads = "cl", "1"
         a.batch, a.img, a.warmup, a.rounds, a.processes = 2, "32", 1, 2, 2
-    if a.models == ",".join(MODELS):     # the grid: the models the baseline's target is for
-        a.models = ",".join(m for m in MODELS if m.startswith(FAMILIES[a.baseline]))
+    if a.models == ",".join(GRID):     # the grid: the models the baseline's target is for
+        a.models = ",".join(m for m in GRID if m.startswith(FAMILIES[a.baseline]))
     try:
         a.thread_list = [int(t) for t in a.threads.split(",")]
         a.img_list = [int(t) for t in a.img.split(",")]

@@ -24,7 +24,8 @@ from fusebench.modes import get_mode
 from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import convnext_official, nano_gpt, tv_efficientnet  # noqa: E402
+from assets import (convnext_official, hf_gpt2, nano_gpt, timm_efficientnet,  # noqa: E402
+                    tv_efficientnet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -47,6 +48,8 @@ ASSETS = {
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
+    # Conv1D: addmm on a weight stored (in, out), between two views
+    "hf_gpt2": (hf_gpt2.make, tokens, {"mlp": 2}),
     # every SE's H*W >= its projection's channels at 32 px: all fold into the projection
     # the expand convs and the head's: pointwise convs no other site took (conv1x1)
     # and the projections' BNs without an activation (bn_train)
@@ -56,6 +59,14 @@ ASSETS = {
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        {"bn_act": 9, "se_gate": 4, "se_project": 4,
                                         "dwconv": 4, "conv1x1": 4, "bn_train": 4}),
+    # BatchNormAct2d: F.batch_norm inside an nn.BatchNorm2d subclass, an nn.Identity before
+    # its act; the buffer check below holds the batch counter and (cumulative) averages
+    "timm_efficientnet": (timm_efficientnet.make, lambda: (image(),),
+                          {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4,
+                           "conv1x1": 4, "bn_train": 4}),
+    "timm_efficientnet_cumulative": (timm_efficientnet.make_cumulative, lambda: (image(),),
+                                     {"bn_act": 9, "se_gate": 4, "se_project": 4,
+                                      "dwconv": 4, "conv1x1": 4, "bn_train": 4}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -414,6 +425,48 @@ def test_frozen_batchnorm_and_a_flipped_training_flag():
         torch.testing.assert_close(model(image()), ref(image()), atol=1e-10, rtol=1e-9)
 
 
+class FunctionalBN(nn.BatchNorm2d):   # F.batch_norm on its own state, then an activation
+    def __init__(self, c, act, eps=None):
+        super().__init__(c)
+        self.act, self.call_eps = act, self.eps if eps is None else eps
+
+    def forward(self, x):
+        self.num_batches_tracked.add_(1)
+        return self.act(F.batch_norm(x, self.running_mean, self.running_var, self.weight,
+                                     self.bias, self.training, self.momentum, self.call_eps))
+
+
+def test_a_frozen_functional_bn_before_an_unfused_act_runs_the_norm_once(site_calls):
+    """The BN alone is a bn_train site (no kernel computes hardswish); frozen (eval) inside a
+    training run, the site runs the norm only: calling the module would apply its act twice."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
+                          FunctionalBN(4, nn.Hardswish())).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"bn_train": 1}, result.notes
+    model[1].eval()
+    ref[1].eval()
+    assert_matches_eager(model, ref, (image(),))
+    assert site_calls == {"fused_bn_train": 1}
+
+
+def test_a_functional_bn_with_other_settings_than_its_module_is_a_reason():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), FunctionalBN(4, nn.SiLU(), eps=1e-3))
+    result = fuse(model.train(), "train")
+    assert "bn_act" not in result.sites and "bn_train" not in result.sites
+    assert any("bn_act: 1 candidate(s)" in m and "eps, momentum or training flag" in m
+               for k, m in result.notes if k == "not_fused"), result.notes
+
+
+def test_tracing_leaves_the_models_buffers_as_they_were():
+    """Tracing a BatchNorm2d subclass's forward counts a batch on the real buffer; fuse puts
+    it back, so the fused model's state is the state it was given."""
+    model = build(timm_efficientnet.make).train()
+    state = copy.deepcopy(model.state_dict())
+    fuse(model, "train")
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
 def test_parameters_are_read_at_call_time():
     """What FSDP does between steps: swap a Parameter on the module; the fused site uses it."""
     model = build(convnext_official.make).train()
@@ -429,9 +482,12 @@ def test_parameters_are_read_at_call_time():
 
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
-               "nano_gpt_new_gelu": {"mlp": 2},
+               "nano_gpt_new_gelu": {"mlp": 2}, "hf_gpt2": {"mlp": 2},
                "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
-               "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4}}
+               "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
+               "timm_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
+               "timm_efficientnet_cumulative": {"conv_bn_fold": 13, "se_gate": 4,
+                                                "silu_me": 9}}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

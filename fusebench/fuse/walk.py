@@ -70,14 +70,15 @@ def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
 
 
 def unfused_leaves(model: nn.Module, covered: set[int] = frozenset()) -> Counter:
-    """Leaf module types outside every fused module and not absorbed by a graph site."""
+    """Leaf module types outside every fused module and not absorbed by a graph site
+    (nn.Identity computes nothing: there is nothing in it to fuse)."""
     out: Counter = Counter()
 
     def walk(mod: nn.Module):
         if isinstance(mod, FusedModule) or id(mod) in covered:
             return
         children = list(mod.children())
-        if not children and mod is not model:
+        if not children and mod is not model and type(mod) is not nn.Identity:
             out[type(mod).__name__] += 1
         for c in children:
             walk(c)

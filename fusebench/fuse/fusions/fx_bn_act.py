@@ -1,5 +1,6 @@
 """bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU, whatever module or function
-spells the activation (torchvision's Conv2dNormActivation, a user's Sequential, F.relu(bn(x))).
+spells the activation (torchvision's Conv2dNormActivation, a user's Sequential, F.relu(bn(x)))
+and the norm (an nn.BatchNorm2d, or a subclass calling F.batch_norm: timm's BatchNormAct2d).
 Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
 the BN output in backward (bn_silu's train_bn_act with the matched activation: the bn_act
 kernel where bound, else aten's sequence). Eval-mode BN (frozen
@@ -54,16 +55,23 @@ def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
 
 @register_pattern("bn_act", benches=("train",))
 def bn_act(n, scope):
-    """BatchNorm2d -> SiLU/ReLU/GELU -> one Function (train or eval statistics)."""
-    bn = N.x_of(n) if N.op(n) in (*N.ACTS, "relu6", "hardswish") else None
-    if bn is None or N.op(bn) != "batch_norm":
+    """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU -> one Function (train or eval
+    statistics); the BN an nn.BatchNorm2d call or a subclass's F.batch_norm (timm's
+    BatchNormAct2d, whose `drop` is the identity between the two)."""
+    if N.op(n) not in (*N.ACTS, "relu6", "hardswish"):
         return None
-    act, m = activation(n), N.module(bn)
+    bn, between = N.above_identities(N.x_of(n), scope.ctx.bench)
+    call = N.batch_norm_call(bn, scope.m)
+    if call is None:
+        return None
+    act = activation(n)
     if isinstance(act, str):
         return Miss("bn_act", act)
-    if type(m) is not torch.nn.BatchNorm2d or not (m.affine and m.track_running_stats):
-        return Miss("bn_act", "BatchNorm without affine parameters or running statistics")
+    if isinstance(call, str):
+        return Miss("bn_act", call)
+    if not (call.module.affine and call.module.track_running_stats):
+        return Miss("bn_act", N.NO_AFFINE_OR_STATS)
     if len(bn.users) != 1:
         return Miss("bn_act", "the BatchNorm output is used elsewhere too")
     site = bn_act_site(pure_act(*act, scope.ctx), kernel_act(*act), scope.ctx.bn_act())
-    return Hit("bn_act", n, site, (N.x_of(bn), Attr(bn.target)), (bn,))
+    return Hit("bn_act", n, site, (N.x_of(bn), Attr(call.path)), (bn, *between))

@@ -3,10 +3,10 @@
 kernel with the identity activation, as the zoo's bn_train runs it (fusions/bn_train.py): one
 statistics pass + one write pass forward, two passes backward, saving the BN input and the
 (C,) statistics. Tried in the graph pass's second sweep, so bn_act keeps every BN it fuses
-with an activation. A BN in eval mode at call time runs the module itself (aten)."""
+with an activation. A BN in eval mode at call time runs aten's batch norm."""
 from __future__ import annotations
 
-import torch.nn as nn
+import torch.nn.functional as F
 
 from fusebench.fuse.binding import BnActImpl
 from fusebench.fuse.fusions.bn_silu import train_bn_act
@@ -19,18 +19,22 @@ SITE_NAME = "fused_bn_train"
 
 def bn_train_site(impl: BnActImpl | None) -> Site:
     def run(c, bn):
-        if bn.training and bn.track_running_stats and bn.affine:
+        if bn.training:
             return train_bn_act(bn, c, impl, IDENTITY, "identity", "bn_train")
-        return bn(c)
+        # the norm alone: calling bn would also run a subclass's activation (BatchNormAct2d)
+        return F.batch_norm(c, bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
+                            0.0, bn.eps)
     return Site(SITE_NAME, run)
 
 
 @register_pattern("bn_train_fx", benches=("train",), sweep=1)
 def bn_train(n, scope):
     """BatchNorm2d with no activation fused after it -> one Function on the bn_act kernel."""
-    m = N.module(n) if N.op(n) == "batch_norm" else None
-    if type(m) is not nn.BatchNorm2d:
-        return None             # functional, 1-D, Sync...: not a candidate of this pattern
-    if not (m.affine and m.track_running_stats):
-        return Miss("bn_train", "BatchNorm without affine parameters or running statistics")
-    return Hit("bn_train", n, bn_train_site(scope.ctx.bn_act()), (N.x_of(n), Attr(n.target)))
+    call = N.batch_norm_call(n, scope.m)
+    if call is None:
+        return None             # 1-D, Sync...: not a candidate of this pattern
+    if isinstance(call, str):
+        return Miss("bn_train", call)
+    if not (call.module.affine and call.module.track_running_stats):
+        return Miss("bn_train", N.NO_AFFINE_OR_STATS)
+    return Hit("bn_train", n, bn_train_site(scope.ctx.bn_act()), (N.x_of(n), Attr(call.path)))

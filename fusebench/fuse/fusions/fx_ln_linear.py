@@ -77,7 +77,7 @@ def ln_args(ln) -> tuple:
 def ln_then_linear(n, scope):
     """LayerNorm -> Linear -> one Function saving x and the stats (opt-in; see module doc)."""
     fc = N.fc(n) if N.op(n) == "linear" else None
-    got = ln_before(n, fc[1]) if isinstance(fc, tuple) else None
+    got = ln_before(n, fc.x) if isinstance(fc, tuple) else None
     if got is None:
         return None
     if "ln_linear" not in scope.ctx.opt_in:
@@ -86,7 +86,7 @@ def ln_then_linear(n, scope):
         return Miss("ln_linear", got)
     if _mlp_fc1(n):
         return None                                  # the mlp site takes the LayerNorm in
-    (ln_node, ln), (_, _, w, b) = got, fc
+    (ln_node, ln), w, b = got, fc.weight, fc.bias
     x, eps, lw, lb = ln_args(ln)
     site = Site("fused_ln_linear", lambda x, lw, lb, w, b: ln_linear(x, eps, lw, lb, w, b))
     return Hit("ln_linear", n, site, (x, lw, lb, Attr(w), b and Attr(b)), (ln_node,))

@@ -1,9 +1,10 @@
 """mlp (graph): fc1 -> GELU/SiLU -> fc2 [-> * gamma], fc = nn.Linear / F.linear over the last
-dim, or a 1x1 nn.Conv2d over NCHW (ConvNeXt's pwconv1/pwconv2 with layer scale, a GPT's
-c_fc/c_proj). fc1 runs without its bias; one Function does bias + activation + fc2 (+ gamma,
-folded into fc2's weight and bias inside the Function) and saves only fc1's output; the
-activation fc2's weight gradient needs is recomputed in backward. GELU with a bias runs the
-bias_gelu act family bound for this fuse(); the rest runs aten's ops."""
+dim, a 1x1 nn.Conv2d over NCHW (ConvNeXt's pwconv1/pwconv2 with layer scale, a GPT's
+c_fc/c_proj), or HF transformers' Conv1D (GPT-2's c_fc/c_proj: addmm on a weight stored
+(in, out), no layer scale). fc1 runs without its bias; one Function does bias + activation
++ fc2 (+ gamma, folded into fc2's weight and bias inside the Function) and saves only fc1's
+output; the activation fc2's weight gradient needs is recomputed in backward. GELU with a
+bias runs the bias_gelu act family bound for this fuse(); the rest runs aten's ops."""
 from __future__ import annotations
 
 import functools
@@ -54,23 +55,41 @@ def _as_conv(grads, w):
     return dw.view(w.shape), db
 
 
+def _conv1d_bwd(dy, x_like, w, has_bias):
+    """_linear_bwd's split for a weight stored (in, out) (HF's Conv1D): its gradient comes out
+    in that layout, g^T @ dy."""
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    return gemm.nn(dy2, w.t()).view(*dy.shape[:-1], w.shape[0]), \
+        lambda g: (gemm.wgrad(g, dy2), dy2.sum(0) if has_bias else None)
+
+
 @dataclass(frozen=True)
 class Fc:
     """One spelling of an MLP's fc: fwd(x, w, b), bwd (the split backward above), its channel
-    dim, add(res, x, w, b) = res + fwd with res as the GEMM's accumulator, and rows(res, h0):
-    whether res and h0's layouts let that GEMM take res as they are."""
+    dim, add(res, x, w, b) = res + fwd with res as the GEMM's accumulator, rows(res, h0):
+    whether res and h0's layouts let that GEMM take res as they are, and the weight's output
+    dim (1: stored (in, out))."""
     fwd: Callable
     bwd: Callable
     cdim: int
     add: Callable
     rows: Callable[..., bool]
+    odim: int = 0
 
 
-FC = {"linear": Fc(gemm.linear, _linear_bwd, -1, gemm.nt_add,
-                   lambda res, h0: res.is_contiguous()),
+def _contiguous_rows(res, h0) -> bool:
+    return res.is_contiguous()
+
+
+FC = {"linear": Fc(gemm.linear, _linear_bwd, -1, gemm.nt_add, _contiguous_rows),
       # conv1x1_add's GEMM rows are the (N, H, W, C) views: channels-last res and h0
       "conv2d": Fc(conv1x1, _conv1x1_bwd, 1, conv1x1_add,
-                   lambda res, h0: channels_last(res) and channels_last(h0))}
+                   lambda res, h0: channels_last(res) and channels_last(h0)),
+      # w.t(): a strided view, which aten's addmm reads as it is (oneDNN's path wants it
+      # contiguous, so these GEMMs stay aten's)
+      "conv1d": Fc(lambda x, w, b=None: gemm.linear(x, w.t(), b), _conv1d_bwd, -1,
+                   lambda res, x, w, b=None: gemm.nt_add(res, x, w.t(), b), _contiguous_rows,
+                   odim=1)}
 
 
 class BiasAct:
@@ -191,7 +210,7 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
 def foldable(res, h0, w2, fc: str) -> bool:
     """res can be fc2's GEMM accumulator: the output's shape, dtype and the GEMM's row layout."""
     shape = list(h0.shape)
-    shape[FC[fc].cdim] = w2.shape[0]
+    shape[FC[fc].cdim] = w2.shape[FC[fc].odim]
     return (list(res.shape) == shape and res.dtype == h0.dtype == w2.dtype
             and FC[fc].rows(res, h0) and not torch.is_autocast_enabled(res.device.type))
 
@@ -215,24 +234,11 @@ def _gamma(fc2, op: str, scope):
     return (u, path) if path else (None, None)
 
 
-def _identity_dropout(n, scope) -> bool:
-    """A dropout that is the identity here (p == 0, or any p outside training), or an
-    nn.Identity (timm's Mlp has both between its act and fc2: drop1, norm)."""
-    if N.op(n) == "identity":
-        return True
-    if N.op(n) != "dropout":
-        return False
-    m = N.module(n)
-    p = m.p if m is not None else N.number(N.arg(n, 1, "p", 0.5))
-    training = m.training if m is not None else N.arg(n, 2, "training", True)
-    return p == 0 or (training is False) or (m is not None and scope.ctx.bench == "infer")
-
-
 def _residual(out, scope):
     """(the add node, the residual, nodes skipped) when out's only use is `res + out` (through
     identity dropouts); else (out, None, ())."""
     skipped, u = [], N.single_user(out)
-    while u is not None and _identity_dropout(u, scope):
+    while u is not None and N.identity_dropout(u, scope.ctx.bench):
         skipped.append(u)
         u = N.single_user(u)
     ab = N.operands(u) if u is not None and N.op(u) == "add" and len(u.args) == 2 \
@@ -244,16 +250,6 @@ def _residual(out, scope):
     if not isinstance(res, fx.Node):
         return out, None, ()
     return u, res, (out, *skipped)
-
-
-def _above_identities(n, scope):
-    """(the node above n's identity dropouts, those dropouts): walking up from fc2's input
-    through identities that have no other user."""
-    skipped = []
-    while n is not None and _identity_dropout(n, scope) and len(n.users) == 1:
-        skipped.append(n)
-        n = N.x_of(n)
-    return n, tuple(skipped)
 
 
 def _live_dropout(drop):
@@ -271,9 +267,9 @@ def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU [-> identity dropouts] -> Linear/1x1-conv [-> * gamma]
     [-> + residual] -> one Function."""
     fc2 = N.fc(n)
-    act_node, drops = _above_identities(N.x_of(n), scope) if isinstance(fc2, tuple) \
+    act_node, drops = N.above_identities(fc2.x, scope.ctx.bench) if isinstance(fc2, tuple) \
         else (None, ())
-    if N.op(act_node) == "dropout":    # one _above_identities did not skip: p > 0 in training
+    if N.op(act_node) == "dropout":    # one above_identities did not skip: p > 0 in training
         return _live_dropout(act_node)
     act = match_act(act_node) if act_node is not None else None
     if act is None:
@@ -281,23 +277,26 @@ def mlp(n, scope):
     fc1 = N.fc(act.x) if not isinstance(act, str) else None
     if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
         return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
-    if fc1 is None or N.op(fc1[1]) == "adaptive_avg_pool2d" or N.mean_dims(fc1[1]):
+    if fc1 is None or N.op(fc1.x) == "adaptive_avg_pool2d" or N.mean_dims(fc1.x):
         return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
-    if fc1[0] != fc2[0]:
-        return Miss("mlp", "fc1 and fc2 are different kinds (Linear vs 1x1 conv)")
+    if fc1.kind != fc2.kind:
+        return Miss("mlp", "fc1 and fc2 are different kinds (Linear, 1x1 conv, Conv1D)")
     fc1_node = act.x
-    if not set(fc1_node.users) <= {act_node, *act.nodes} or len(act_node.users) != 1:
+    # a Conv1D reads its input's size too: those nodes are fc2's own
+    into_fc2 = len(act_node.users) == 1 if drops else set(act_node.users) <= {n, *fc2.inner}
+    if not set(fc1_node.users) <= {act_node, *act.nodes} or not into_fc2:
         return Miss("mlp", "an intermediate output is used elsewhere too")
-    op = fc1[0]
-    mul, gamma = _gamma(n, op, scope)
-    bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1[3] else None
+    op = fc1.kind
+    mul, gamma = _gamma(n, op, scope) if FC[op].odim == 0 else (None, None)
+    bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1.bias else None
     ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate,
                  FC[op].cdim)
-    args = (Attr(fc1[2]), fc1[3] and Attr(fc1[3]), Attr(fc2[2]),
-            fc2[3] and Attr(fc2[3]), *([Attr(gamma)] if gamma else []))
-    nodes = (*drops, act_node, *act.nodes, fc1_node, *([n] if mul else []))
-    ln = ln_prologue(fc1_node, fc1[1], scope) if op == "linear" else None
-    head, eps = (fc1[1],), None
+    args = (Attr(fc1.weight), fc1.bias and Attr(fc1.bias), Attr(fc2.weight),
+            fc2.bias and Attr(fc2.bias), *([Attr(gamma)] if gamma else []))
+    nodes = (*drops, act_node, *act.nodes, fc1_node, *fc1.inner, *fc2.inner,
+             *([n] if mul else []))
+    ln = ln_prologue(fc1_node, fc1.x, scope) if op == "linear" else None
+    head, eps = (fc1.x,), None
     if ln is not None:
         (ln_node, (x, eps, lw, lb)) = ln
         head, nodes = (x, lw, lb), (*nodes, ln_node)

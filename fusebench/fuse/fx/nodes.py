@@ -6,6 +6,8 @@ against these names, so `x.mean(1, keepdim=True)`, `torch.mean(x, dim=1, keepdim
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -18,7 +20,8 @@ FUNCTIONS = {
     torch.pow: "pow", operator.pow: "pow", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt",
     torch.mean: "mean", torch.permute: "permute", operator.getitem: "getitem",
     torch.flatten: "flatten", torch.reshape: "reshape", torch.unsqueeze: "unsqueeze",
-    F.layer_norm: "layer_norm", F.linear: "linear", F.conv2d: "conv2d",
+    F.layer_norm: "layer_norm", F.batch_norm: "batch_norm", F.linear: "linear",
+    F.conv2d: "conv2d",
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
     torch.tanh: "tanh", torch.erf: "erf", torch.special.erf: "erf",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
@@ -65,6 +68,30 @@ def x_of(n) -> fx.Node | None:
     """The data input of an op node (its first argument)."""
     a = n.args[0] if n.args else n.kwargs.get("input")
     return a if isinstance(a, fx.Node) else None
+
+
+def identity_dropout(n, bench: str) -> bool:
+    """An nn.Identity, or a dropout that is the identity here (p == 0, or any p outside
+    training): timm's Mlp has both between its act and fc2 (drop1, norm), its BatchNormAct2d
+    an nn.Identity `drop` between the norm and the act."""
+    if op(n) == "identity":
+        return True
+    if op(n) != "dropout":
+        return False
+    m = module(n)
+    p = m.p if m is not None else number(arg(n, 1, "p", 0.5))
+    training = m.training if m is not None else arg(n, 2, "training", True)
+    return p == 0 or (training is False) or (m is not None and bench == "infer")
+
+
+def above_identities(n, bench: str) -> tuple:
+    """(the node above n's identity dropouts, those dropouts): walking up through identities
+    that have no other user."""
+    skipped = []
+    while n is not None and identity_dropout(n, bench) and len(n.users) == 1:
+        skipped.append(n)
+        n = x_of(n)
+    return n, tuple(skipped)
 
 
 def single_user(n: fx.Node) -> fx.Node | None:
@@ -175,9 +202,21 @@ def not_pointwise(conv: nn.Conv2d) -> str | None:
     return None
 
 
+class FcCall(NamedTuple):
+    """A Linear / 1x1 conv / Conv1D a node computes: its spelling (fx_mlp's FC), input,
+    weight and bias paths, and the nodes of its own that only it uses (Conv1D's reshapes)."""
+    kind: str
+    x: fx.Node
+    weight: str
+    bias: str | None
+    inner: tuple = ()
+
+
 def fc(n):
-    """(op, x, weight path, bias path | None) of a Linear / 1x1-conv node, a reason, or None."""
+    """The FcCall of a Linear / 1x1-conv / Conv1D node, a reason, or None."""
     kind, m = op(n), module(n)
+    if kind in ("view", "reshape"):
+        return conv1d(n)
     if kind not in ("linear", "conv2d"):
         return None
     if m is not None:
@@ -185,11 +224,88 @@ def fc(n):
             return why
         if type(m) not in (nn.Linear, nn.Conv2d):
             return None
-        return kind, x_of(n), f"{n.target}.weight", \
-            (f"{n.target}.bias" if m.bias is not None else None)
+        return FcCall(kind, x_of(n), f"{n.target}.weight",
+                      f"{n.target}.bias" if m.bias is not None else None)
     if kind != "linear":
         return "functional conv2d (only nn.Conv2d modules are matched)"
     w, b = attr_path(arg(n, 1, "weight")), arg(n, 2, "bias")
     if w is None or (b is not None and last_param(b) is None):
         return "weight / bias are not module parameters"
-    return kind, x_of(n), w, (last_param(b) if b is not None else None)
+    return FcCall(kind, x_of(n), w, last_param(b) if b is not None else None)
+
+
+def conv1d(n):
+    """HF transformers' Conv1D (GPT-2's c_fc / c_proj), a linear with its weight stored
+    (in, out): `addmm(b, x.view(-1, x.size(-1)), w).view(x.size()[:-1] + (out,))`."""
+    mm = x_of(n)
+    if not (isinstance(mm, fx.Node) and mm.op == "call_function" and mm.target is torch.addmm
+            and len(mm.args) == 3 and not mm.kwargs):
+        return None
+    b, flat, w = mm.args
+    if attr_path(w) is None or last_param(b) is None or op(flat) not in ("view", "reshape"):
+        return None
+    x, rows = x_of(flat), dims(flat)
+    nf = attr_value(w).shape[-1]
+    last = _size_of(rows[1], x, -1) if len(rows) == 2 and rows[0] == -1 else None
+    shape = dims(n)
+    lead = shape[0] if len(shape) == 1 and op(shape[0]) == "add" else None
+    ab = operands(lead) if lead is not None else None
+    head = ab[0] if ab and ab[1] == (nf,) and op(ab[0]) == "getitem" \
+        and ab[0].args[1] == slice(None, -1, None) else None
+    size = _size_of(x_of(head), x) if head is not None else None
+    if last is None or size is None:
+        return None
+    inner = tuple(k for k in (mm, flat, last, lead, head, size) if isinstance(k, fx.Node))
+    return FcCall("conv1d", x, attr_path(w), last_param(b), inner)
+
+
+def _size_of(k, x, *index):
+    """k itself when it is `x.size(*index)` (or `x.shape` for no index), True for a number
+    where an index is given (the channel count written out), else None."""
+    if isinstance(k, fx.Node):
+        if k.op == "call_method" and k.target == "size" and k.args == (x, *index):
+            return k
+        return k if not index and k.op == "call_function" and k.target is getattr \
+            and k.args == (x, "shape") else None
+    return True if index and number(k) is not None else None
+
+
+@dataclass(frozen=True)
+class BnCall:
+    """The BatchNorm2d whose batch norm a node computes, at `path` in the traced module."""
+    path: str
+    module: nn.BatchNorm2d
+
+
+NO_AFFINE_OR_STATS = "BatchNorm without affine parameters or running statistics"
+_BN_ARGS = ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias"))
+
+
+def batch_norm_call(n, root: nn.Module) -> BnCall | str | None:
+    """What batch norm node n computes: an nn.BatchNorm2d call, or F.batch_norm on one
+    BatchNorm2d's own running statistics, weight and bias with its eps, momentum and training
+    flag (a subclass's forward written out, as timm's BatchNormAct2d is); a reason string for
+    a batch norm that is neither; None for anything else. `root` is the traced module (the
+    graph's own module tree holds placeholders on get_attr paths)."""
+    if op(n) != "batch_norm":
+        return None
+    if n.op == "call_module":
+        return BnCall(n.target, module(n))
+    given = [arg(n, i, name) for i, name in _BN_ARGS]
+    if any(a is None for a in given):
+        return NO_AFFINE_OR_STATS
+    paths = [attr_path(a) for a in given]
+    owner = {p.rpartition(".")[0] for p in paths if p is not None}
+    bad = "functional batch_norm on tensors that are not one BatchNorm2d's own"
+    if None in paths or len(owner) != 1 or [p.rpartition(".")[2] for p in paths] != \
+            [name for _, name in _BN_ARGS] or "" in owner:
+        return bad
+    m = root.get_submodule(owner.pop())
+    if not isinstance(m, nn.BatchNorm2d):
+        return bad
+    # the module's own settings; a momentum of None (cumulative average) the trace froze at
+    # 1 / num_batches_tracked: the site computes it at each call, as the module does
+    same = (arg(n, 5, "training", False) == m.training and arg(n, 7, "eps", 1e-5) == m.eps
+            and (m.momentum is None or arg(n, 6, "momentum", 0.1) == m.momentum))
+    return BnCall(paths[0].rpartition(".")[0], m) if same else \
+        f"{bad}: its eps, momentum or training flag differ from the module's"

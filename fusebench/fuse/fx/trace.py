@@ -13,8 +13,10 @@ as FSDP needs). While the module's training flag differs from the one it was tra
 specialises `self.training` branches), the class's own forward runs instead."""
 from __future__ import annotations
 
+import contextlib
 import types
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -42,6 +44,20 @@ def _std_leaf(m: nn.Module) -> bool:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module):
+    """Tracing runs a forward whose ops on real buffers happen for real (BatchNorm2d subclasses
+    such as timm's BatchNormAct2d add 1 to num_batches_tracked, once per attempt): put every
+    buffer back as it was, so that fusing leaves the model's state as it found it."""
+    kept = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in kept:
+                b.copy_(v)
 
 
 def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.GraphModule]]:
@@ -88,7 +104,8 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
                     out += [r for r in resolve(_join(path, n.target), sub) if r not in out]
         memo[id(m)] = out
         return out
-    roots = resolve("", model)
+    with _buffers_kept(model):
+        roots = resolve("", model)
     for (cls, reason), paths in failed.items():     # one note per class and reason
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
         notes.append(("fx_fallback", f"fx trace of {', '.join(paths[:3])}{more} ({cls}) "
