@@ -458,6 +458,27 @@ def test_a_functional_bn_with_other_settings_than_its_module_is_a_reason():
                for k, m in result.notes if k == "not_fused"), result.notes
 
 
+class ReshapedConv1D(hf_gpt2.Conv1D):  # the same addmm, viewed back to a shape it wrote out
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(2, 16, self.nf)
+
+
+def test_conv1d_is_an_mlp_fc_only_in_hf_spelling(site_calls):
+    """HF's Conv1D is an mlp fc (the asset test); an addmm viewed back to another shape
+    expression is not read as one (nothing fuses, nothing breaks)."""
+    model = hf_gpt2.make().double().train()
+    for block in model.h:
+        for name in ("c_fc", "c_proj"):
+            old = getattr(block.mlp, name)
+            new = ReshapedConv1D(old.nf, old.weight.shape[0]).double()
+            new.load_state_dict(old.state_dict())
+            setattr(block.mlp, name, new)
+    ref = copy.deepcopy(model)
+    assert "mlp" not in fuse(model, "train").sites
+    assert_matches_eager(model, ref, tokens())
+    assert "fused_mlp" not in site_calls
+
+
 def test_tracing_leaves_the_models_buffers_as_they_were():
     """Tracing a BatchNorm2d subclass's forward counts a batch on the real buffer; fuse puts
     it back, so the fused model's state is the state it was given."""

@@ -242,7 +242,8 @@ def conv1d(n):
             and len(mm.args) == 3 and not mm.kwargs):
         return None
     b, flat, w = mm.args
-    if attr_path(w) is None or last_param(b) is None or op(flat) not in ("view", "reshape"):
+    if attr_path(w) is None or attr_value(w).dim() != 2 or last_param(b) is None \
+            or op(flat) not in ("view", "reshape"):
         return None
     x, rows = x_of(flat), dims(flat)
     nf = attr_value(w).shape[-1]
