@@ -42,6 +42,10 @@ def tokens():
                           generator=torch.Generator().manual_seed(1)),)
 
 
+# every SE's H*W >= its projection's channels at 32 px: all fold into the projection;
+# the expand convs and the head's: pointwise convs no other site took (conv1x1);
+# the projections' BNs without an activation (bn_train)
+EFFNET = {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4, "conv1x1": 4, "bn_train": 4}
 # model -> (factory, inputs, sites expected in train)
 ASSETS = {
     "convnext_official": (convnext_official.make, lambda: (image(),),
@@ -50,23 +54,14 @@ ASSETS = {
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
     # Conv1D: addmm on a weight stored (in, out), between two views
     "hf_gpt2": (hf_gpt2.make, tokens, {"mlp": 2}),
-    # every SE's H*W >= its projection's channels at 32 px: all fold into the projection
-    # the expand convs and the head's: pointwise convs no other site took (conv1x1)
-    # and the projections' BNs without an activation (bn_train)
-    "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),),
-                        {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4,
-                         "conv1x1": 4, "bn_train": 4}),
+    "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
-                                       {"bn_act": 9, "se_gate": 4, "se_project": 4,
-                                        "dwconv": 4, "conv1x1": 4, "bn_train": 4}),
+                                       EFFNET),
     # BatchNormAct2d: F.batch_norm inside an nn.BatchNorm2d subclass, an nn.Identity before
     # its act; the buffer check below holds the batch counter and (cumulative) averages
-    "timm_efficientnet": (timm_efficientnet.make, lambda: (image(),),
-                          {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4,
-                           "conv1x1": 4, "bn_train": 4}),
+    "timm_efficientnet": (timm_efficientnet.make, lambda: (image(),), EFFNET),
     "timm_efficientnet_cumulative": (timm_efficientnet.make_cumulative, lambda: (image(),),
-                                     {"bn_act": 9, "se_gate": 4, "se_project": 4,
-                                      "dwconv": 4, "conv1x1": 4, "bn_train": 4}),
+                                     EFFNET),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -504,11 +499,10 @@ def test_parameters_are_read_at_call_time():
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
                "nano_gpt_new_gelu": {"mlp": 2}, "hf_gpt2": {"mlp": 2},
-               "tv_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
-               "timm_efficientnet": {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9},
-               "timm_efficientnet_cumulative": {"conv_bn_fold": 13, "se_gate": 4,
-                                                "silu_me": 9}}
+               **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
+                                "timm_efficientnet_cumulative"),
+                               {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9})}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))
