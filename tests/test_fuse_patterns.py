@@ -474,6 +474,40 @@ def test_conv1d_is_an_mlp_fc_only_in_hf_spelling(site_calls):
     assert "fused_mlp" not in site_calls
 
 
+class DefaultsConv(nn.Conv2d):         # HF's EfficientNetDepthwiseConv2d: only its defaults
+    def __init__(self, c, k):
+        super().__init__(c, c, k, padding="same", groups=c, bias=False)
+
+
+class OwnForwardConv(DefaultsConv):    # a forward of its own: it may compute anything
+    def forward(self, x):
+        return super().forward(x) * 1.0
+
+
+@pytest.mark.parametrize("conv, dw_sites", [(DefaultsConv, 1), (OwnForwardConv, 0)],
+                         ids=["keeps_forward", "own_forward"])
+def test_hf_spellings_same_padding_and_conv2d_subclasses(conv, dw_sites, site_calls):
+    """HF transformers' EfficientNet: 1x1 convs with padding="same" (no padding at K = 1) are
+    pointwise; its depthwise conv is an nn.Conv2d subclass that only sets defaults, which
+    computes what nn.Conv2d computes (rule.computes_as). A subclass with its own forward is
+    not matched as a conv."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 1, padding="same", bias=False), nn.BatchNorm2d(8),
+                          nn.SiLU(), conv(8, 3), nn.BatchNorm2d(8), nn.SiLU(),
+                          nn.Conv2d(8, 4, 1, padding="same", bias=False),
+                          nn.BatchNorm2d(4)).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"bn_act": 2, "conv1x1": 2, "bn_train": 1,
+                                  **({"dwconv": 1} if dw_sites else {})}, result.sites
+    assert_matches_eager(model, ref, (image(),))
+    infer = build(lambda: copy.deepcopy(ref)).eval()
+    folded = fuse(infer, "infer")
+    left = [m for m in folded.model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(left) == 1 - dw_sites, folded.model      # every BN after a conv folded in
+    with torch.no_grad():
+        torch.testing.assert_close(folded.model(image()), infer(image()), atol=1e-9, rtol=1e-9)
+
+
 def test_tracing_leaves_the_models_buffers_as_they_were():
     """Tracing a BatchNorm2d subclass's forward counts a batch on the real buffer; fuse puts
     it back, so the fused model's state is the state it was given."""

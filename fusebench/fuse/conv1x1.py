@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from fusebench.fuse import gemm
 from fusebench.fuse.fx.nodes import hooked, not_pointwise
+from fusebench.fuse.rule import computes_as
 
 
 _state = {"aten": False}
@@ -38,7 +39,7 @@ def channels_last(x) -> bool:
 
 def is_pointwise(m: nn.Module) -> bool:
     """m is a plain nn.Conv2d that computes a 1x1 GEMM over channels (no hook to bypass)."""
-    return type(m) is nn.Conv2d and not_pointwise(m) is None and not hooked(m)
+    return computes_as(m, nn.Conv2d) and not_pointwise(m) is None and not hooked(m)
 
 
 def conv1x1(x, w, b=None):

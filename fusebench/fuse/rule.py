@@ -22,6 +22,32 @@ class FusedModule(nn.Module):
     fusion = ""
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList,
+               nn.ParameterDict)
+
+
+def _torch_layer(cls: type) -> bool:
+    return cls.__module__.startswith("torch.nn") and cls is not nn.Module \
+        and not issubclass(cls, _CONTAINERS)
+
+
+def computes_as(m: nn.Module, cls: type) -> bool:
+    """m is a cls, or a subclass of the torch.nn layer cls that keeps cls's forward (and
+    _conv_forward): one that only sets other defaults, as HF transformers'
+    EfficientNetDepthwiseConv2d is an nn.Conv2d, computes what cls computes. A subclass with
+    a forward of its own may compute anything: not matched as cls."""
+    t = type(m)
+    if t is cls:
+        return True
+    return isinstance(m, cls) and _torch_layer(cls) and all(
+        getattr(t, f, None) is getattr(cls, f, None) for f in ("forward", "_conv_forward"))
+
+
+def torch_layer_of(m: nn.Module) -> type | None:
+    """The torch.nn layer class m computes as (computes_as), or None."""
+    return next((c for c in type(m).__mro__ if _torch_layer(c) and computes_as(m, c)), None)
+
+
 @dataclass(frozen=True)
 class Fusion:
     name: str

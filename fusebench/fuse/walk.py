@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from fusebench.fuse.fx import graph_pass
-from fusebench.fuse.rule import FUSIONS, FuseContext, FusedModule, Fusion
+from fusebench.fuse.rule import FUSIONS, FuseContext, FusedModule, Fusion, computes_as
 
 
 @dataclass
@@ -54,12 +54,14 @@ def fuse_in_order(model: nn.Module, order: list, bench: str = "train", device: s
 
 def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
     """Rewrite matching children of `mod` (recursively, outside fused modules); returns how
-    many were replaced. Exact type match: a subclass may change forward."""
+    many were replaced. The exact type, or a torch.nn layer's subclass that keeps its forward
+    (rule.computes_as): any other subclass may change forward."""
     n = 0
     for name, child in list(mod.named_children()):
         if isinstance(child, FusedModule) or id(child) in ctx.covered:
             continue
-        new = fusion.rewrite(child, ctx) if type(child) in fusion.matches else None
+        new = fusion.rewrite(child, ctx) \
+            if any(computes_as(child, t) for t in fusion.matches) else None
         if new is not None:
             new.train(child.training)
             setattr(mod, name, new)

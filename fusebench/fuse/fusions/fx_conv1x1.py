@@ -13,6 +13,7 @@ from fusebench.fuse.conv1x1 import conv1x1
 from fusebench.fuse.fusions.fx_bn_act import SITE_NAME as BN_ACT_SITE_NAME
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Attr, Hit, Site, register_pattern
+from fusebench.fuse.rule import computes_as
 
 SITE = Site("fused_conv1x1", conv1x1)
 
@@ -21,7 +22,8 @@ SITE = Site("fused_conv1x1", conv1x1)
 def pointwise_conv(n, scope):
     """A pointwise nn.Conv2d -> a GEMM on channels-last views (fuse/conv1x1.py)."""
     m = N.module(n) if N.op(n) == "conv2d" else None
-    if type(m) is not nn.Conv2d or N.not_pointwise(m) or not _into_batch_norm(n):
+    if m is None or not computes_as(m, nn.Conv2d) or N.not_pointwise(m) \
+            or not _into_batch_norm(n):
         return None                 # not a candidate: other convs are aten's (or dwconv's)
     bias = Attr(f"{n.target}.bias") if m.bias is not None else None
     return Hit("conv1x1", n, SITE, (N.x_of(n), Attr(f"{n.target}.weight"), bias))

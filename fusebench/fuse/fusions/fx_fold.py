@@ -10,6 +10,7 @@ import torch.nn as nn
 from fusebench.fuse.fusions.conv_bn_fold import FoldedConvAct, fold_conv_bn
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
+from fusebench.fuse.rule import computes_as
 
 
 def _set(root: nn.Module, path: str, new: nn.Module) -> None:
@@ -24,7 +25,7 @@ FOLDED = Site("folded_into_conv", lambda y: y)   # where a functional BN was: th
 def fold(n, scope):
     """Conv2d -> BatchNorm2d (eval statistics) -> one conv with BN folded in (inference)."""
     conv = N.x_of(n) if N.op(n) == "batch_norm" else None
-    if conv is None or type(N.module(conv)) is not nn.Conv2d:
+    if conv is None or N.module(conv) is None or not computes_as(N.module(conv), nn.Conv2d):
         return None
     call = N.batch_norm_call(n, scope.m)
     if isinstance(call, str):

@@ -20,6 +20,7 @@ from fusebench.fuse.fusions.se_project import folds, se_project
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+from fusebench.fuse.rule import computes_as
 
 
 def se_site(gate: Pure, act: Pure) -> Site:
@@ -46,7 +47,7 @@ def _squeezed(n, x):
 def _fc(n):
     """The reduce/expand module: a 1x1 conv or Linear with a bias; a reason otherwise."""
     m = N.module(n)
-    if type(m) is nn.Linear or (type(m) is nn.Conv2d and m.kernel_size == (1, 1)
+    if computes_as(m, nn.Linear) or (computes_as(m, nn.Conv2d) and m.kernel_size == (1, 1)
                                 and m.groups == 1 and m.stride == (1, 1)):
         return m if m.bias is not None else "reduce/expand without a bias"
     return None

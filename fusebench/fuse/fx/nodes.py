@@ -14,6 +14,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusebench.fuse.rule import computes_as, torch_layer_of
+
 FUNCTIONS = {
     torch.add: "add", operator.add: "add", torch.sub: "sub", operator.sub: "sub",
     torch.mul: "mul", operator.mul: "mul", torch.div: "div", operator.truediv: "div",
@@ -47,7 +49,8 @@ def op(n) -> str | None:
     if n.op == "call_method":
         return n.target if n.target in METHODS else None
     if n.op == "call_module":
-        return MODULES.get(type(module(n)))
+        m = module(n)
+        return MODULES.get(type(m)) or MODULES.get(torch_layer_of(m))
     return None
 
 
@@ -196,8 +199,9 @@ def hooked(m: nn.Module) -> bool:
 
 def not_pointwise(conv: nn.Conv2d) -> str | None:
     """Why conv is not a GEMM over channels (1x1, stride 1, groups 1, no padding); None if it is."""
+    # "same" on a 1x1 kernel pads nothing (HF transformers writes its 1x1 convs that way)
     if conv.kernel_size != (1, 1) or conv.stride != (1, 1) or conv.groups != 1 \
-            or conv.padding not in ((0, 0), "valid") or conv.padding_mode != "zeros":
+            or conv.padding not in ((0, 0), "valid", "same") or conv.padding_mode != "zeros":
         return "conv is not 1x1 / stride 1 / groups 1 / no padding"
     return None
 
@@ -222,7 +226,7 @@ def fc(n):
     if m is not None:
         if kind == "conv2d" and (why := not_pointwise(m)):
             return why
-        if type(m) not in (nn.Linear, nn.Conv2d):
+        if not (computes_as(m, nn.Linear) or computes_as(m, nn.Conv2d)):
             return None
         return FcCall(kind, x_of(n), f"{n.target}.weight",
                       f"{n.target}.bias" if m.bias is not None else None)

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from fusebench.errors import first_line
 from fusebench.fuse.fx.nodes import hooked
-from fusebench.fuse.rule import FusedModule
+from fusebench.fuse.rule import FusedModule, torch_layer_of
 
 CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
@@ -34,12 +34,15 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
-                or super().is_leaf_module(m, qualname))
+                or super().is_leaf_module(m, qualname) or _std_leaf(m))
 
 
 def _std_leaf(m: nn.Module) -> bool:
+    """A FusedModule, a torch.nn layer, or a subclass of one that keeps its forward (a leaf
+    like the layer, so that its node is the layer's: fx/nodes.op)."""
     return isinstance(m, FusedModule) or (
-        m.__module__.startswith("torch.nn") and not isinstance(m, (nn.Sequential, *CONTAINERS)))
+        m.__module__.startswith("torch.nn") and not isinstance(m, (nn.Sequential, *CONTAINERS))
+    ) or torch_layer_of(m) is not None
 
 
 def _join(path: str, name: str) -> str:

@@ -51,7 +51,9 @@ def supports(conv: nn.Conv2d) -> str:
         return f"stride {s} not one of {STRIDES} in both dims"
     if conv.dilation != (1, 1):
         return "dilation != 1"
-    if conv.padding != (k[0] // 2, k[1] // 2) or conv.padding_mode != "zeros":
+    # "same" at stride 1 and an odd K is K//2 on every side (HF transformers' depthwise convs)
+    pad = (k[0] // 2, k[1] // 2) if conv.padding == "same" else conv.padding
+    if pad != (k[0] // 2, k[1] // 2) or conv.padding_mode != "zeros":
         return "padding is not zero 'same' padding (K//2)"
     return ""
 
