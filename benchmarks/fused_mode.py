@@ -7,8 +7,9 @@
 
 Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_official: the
 official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
-convnext_atto's depths and widths; `--models efficientnet_timm` adds tests/assets/
-timm_efficientnet.py, timm's layout at B0's widths) x layouts (NCHW, channels-last) x
+convnext_atto's depths and widths; `--models efficientnet_timm,efficientnet_hf` adds
+tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers'
+layouts at B0's widths) x layouts (NCHW, channels-last) x
 threads (1, 2) x modes (eager, fused, compile). Each cell runs in worker processes through fusebench's runner (the
 same measurement as `fusebench run`, correctness check included); the modes of one (model,
 layout, threads) are the cells of one run, so their --repeat processes are interleaved.
@@ -50,8 +51,9 @@ from fusebench.spec import CellSpec
 REPO = Path(__file__).resolve().parent.parent
 OFFICIAL = f"{REPO / 'tests' / 'assets' / 'convnext_official.py'}:make"
 TIMM = f"{REPO / 'tests' / 'assets' / 'timm_efficientnet.py'}:make"
+HF = f"{REPO / 'tests' / 'assets' / 'hf_efficientnet.py'}:make"
 # name -> (model reference, factory kwargs); convnext_official at convnext_atto's size,
-# efficientnet_timm (timm's layout: BatchNormAct2d, its SqueezeExcite) at B0's
+# efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's
 MODELS = {
     "efficientnet_b0": ("efficientnet_b0", {}),
     "efficientnet_b3": ("efficientnet_b3", {}),
@@ -59,9 +61,11 @@ MODELS = {
     "convnext_official": (OFFICIAL, {"depths": [2, 2, 6, 2], "dims": [40, 80, 160, 320],
                                      "num_classes": 1000}),
     "efficientnet_timm": (TIMM, {"size": "b0"}),
+    "efficientnet_hf": (HF, {"size": "b0"}),
 }
 GRID = ("efficientnet_b0", "efficientnet_b3", "convnext_atto", "convnext_official")  # default
-QUICK_KWARGS = {"convnext_official": {}, "efficientnet_timm": {}}   # the assets' tiny defaults
+# the assets' tiny defaults
+QUICK_KWARGS = {"convnext_official": {}, "efficientnet_timm": {}, "efficientnet_hf": {}}
 LAYOUTS = {"nchw": False, "cl": True}
 MODES = ("eager", "fused", "compile")
 LOAD_WARN = 1.5          # 1-minute load average above which a cell's timing is suspect

@@ -24,8 +24,8 @@ from fusebench.modes import get_mode
 from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import (convnext_official, hf_gpt2, nano_gpt, timm_efficientnet,  # noqa: E402
-                    tv_efficientnet)
+from assets import (convnext_official, hf_efficientnet, hf_gpt2, nano_gpt,  # noqa: E402
+                    timm_efficientnet, tv_efficientnet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -62,6 +62,9 @@ ASSETS = {
     "timm_efficientnet": (timm_efficientnet.make, lambda: (image(),), EFFNET),
     "timm_efficientnet_cumulative": (timm_efficientnet.make_cumulative, lambda: (image(),),
                                      EFFNET),
+    # 1x1 convs with padding="same", an nn.Conv2d subclass for the depthwise convs: the two
+    # at stride 2 ("valid" after a ZeroPad2d) are not the kernel's padding (a reason)
+    "hf_efficientnet": (hf_efficientnet.make, lambda: (image(),), {**EFFNET, "dwconv": 2}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -535,7 +538,7 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                "nano_gpt_new_gelu": {"mlp": 2}, "hf_gpt2": {"mlp": 2},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
-                                "timm_efficientnet_cumulative"),
+                                "timm_efficientnet_cumulative", "hf_efficientnet"),
                                {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9})}
 
 
