@@ -9,8 +9,8 @@ Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_offi
 official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
 convnext_atto's depths and widths; `--models efficientnet_timm,efficientnet_hf` adds
 tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers'
-layouts at B0's widths) x layouts (NCHW, channels-last) x
-threads (1, 2) x modes (eager, fused, compile). Each cell runs in worker processes through fusebench's runner (the
+layouts at B0's widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes (eager,
+fused, compile). Each cell runs in worker processes through fusebench's runner (the
 same measurement as `fusebench run`, correctness check included); the modes of one (model,
 layout, threads) are the cells of one run, so their --repeat processes are interleaved.
 
