@@ -9,7 +9,8 @@ Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_offi
 official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
 convnext_atto's depths and widths; `--models efficientnet_timm,efficientnet_hf` adds
 tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers'
-layouts at B0's widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes (eager,
+layouts at B0's widths; `--models mobilenet_v2,mobilenet_v3` adds tests/assets/
+tv_mobilenet.py, torchvision's layouts at V2 1.0's and V3-Small's widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes (eager,
 fused, compile). Each cell runs in worker processes through fusebench's runner (the
 same measurement as `fusebench run`, correctness check included); the modes of one (model,
 layout, threads) are the cells of one run, so their --repeat processes are interleaved.
@@ -52,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 OFFICIAL = f"{REPO / 'tests' / 'assets' / 'convnext_official.py'}:make"
 TIMM = f"{REPO / 'tests' / 'assets' / 'timm_efficientnet.py'}:make"
 HF = f"{REPO / 'tests' / 'assets' / 'hf_efficientnet.py'}:make"
+MOBILENET = f"{REPO / 'tests' / 'assets' / 'tv_mobilenet.py'}"
 # name -> (model reference, factory kwargs); convnext_official at convnext_atto's size,
 # efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's
 MODELS = {
@@ -62,10 +64,13 @@ MODELS = {
                                      "num_classes": 1000}),
     "efficientnet_timm": (TIMM, {"size": "b0"}),
     "efficientnet_hf": (HF, {"size": "b0"}),
+    "mobilenet_v2": (f"{MOBILENET}:make_v2", {"size": "full"}),
+    "mobilenet_v3": (f"{MOBILENET}:make_v3", {"size": "full"}),
 }
 GRID = ("efficientnet_b0", "efficientnet_b3", "convnext_atto", "convnext_official")  # default
 # the assets' tiny defaults
-QUICK_KWARGS = {"convnext_official": {}, "efficientnet_timm": {}, "efficientnet_hf": {}}
+QUICK_KWARGS = {"convnext_official": {}, "efficientnet_timm": {}, "efficientnet_hf": {},
+                "mobilenet_v2": {}, "mobilenet_v3": {}}
 LAYOUTS = {"nchw": False, "cl": True}
 MODES = ("eager", "fused", "compile")
 LOAD_WARN = 1.5          # 1-minute load average above which a cell's timing is suspect

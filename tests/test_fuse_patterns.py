@@ -25,7 +25,7 @@ from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, hf_efficientnet, hf_gpt2, nano_gpt,  # noqa: E402
-                    timm_efficientnet, tv_efficientnet)
+                    timm_efficientnet, tv_efficientnet, tv_mobilenet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -65,6 +65,13 @@ ASSETS = {
     # 1x1 convs with padding="same", an nn.Conv2d subclass for the depthwise convs: the two
     # at stride 2 ("valid" after a ZeroPad2d) are not the kernel's padding (a reason)
     "hf_efficientnet": (hf_efficientnet.make, lambda: (image(),), {**EFFNET, "dwconv": 2}),
+    # BN -> ReLU6 (in-place, in nn.Sequential); the projections' BNs alone (bn_train)
+    "tv_mobilenet_v2": (tv_mobilenet.make_v2, lambda: (image(),),
+                        {"bn_act": 9, "bn_train": 4, "dwconv": 4, "conv1x1": 8}),
+    # BN -> hardswish / ReLU; the classifier's Linear -> hardswish -> Linear (mlp); the SEs'
+    # hardsigmoid gate is a not_fused reason (test_mobilenet_v3_hardsigmoid_se_is_a_reason)
+    "tv_mobilenet_v3": (tv_mobilenet.make_v3, lambda: (image(),),
+                        {"bn_act": 7, "bn_train": 3, "dwconv": 3, "conv1x1": 6, "mlp": 1}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -397,10 +404,66 @@ def test_a_hooked_module_is_a_candidate_not_fused():
 
 
 def test_unsupported_activation_is_a_reason():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Hardswish())
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Hardsigmoid())
     result = fuse(model, "train")
     assert dict(result.sites) == {"bn_train": 1}      # the BN alone, the activation left as is
-    assert any("activation hardswish" in m for k, m in result.notes if k == "not_fused")
+    assert any("activation hardsigmoid" in m for k, m in result.notes if k == "not_fused")
+
+
+@pytest.mark.parametrize("act", [nn.ReLU6(inplace=True), nn.Hardswish(), F.relu6, F.hardswish],
+                         ids=["ReLU6", "Hardswish", "F.relu6", "F.hardswish"])
+@pytest.mark.parametrize("frozen", [False, True], ids=["train", "frozen"])
+def test_mobilenet_activations_run_in_the_bn_act_kernel(act, frozen, site_calls):
+    """BN -> ReLU6 / hardswish (module or function): the C++ kernel with that activation in
+    training (its node names it); frozen BN statistics: the eval Function with aten's act."""
+    from fusebench.kernels.bn_act import cpu
+    if not frozen and not cpu.build()[0]:
+        pytest.skip(cpu.build()[1])
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.act = act                 # a module is a child; a function an attribute
+
+        def forward(self, x):
+            return self.act(self.bn(self.conv(x)))
+    torch.manual_seed(0)
+    model = Block().double().train()
+    with torch.no_grad():                  # z spread over every piece: ReLU6's 6, hardswish's +-3
+        model.bn.weight.uniform_(4.0, 6.0)
+    model.bn.train(not frozen)
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"bn_act": 1}
+    y = assert_matches_eager(model, ref, (image(),))
+    name = "relu6" if act in (F.relu6,) or isinstance(act, nn.ReLU6) else "hardswish"
+    kernels = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert kernels == ([f"bn_eval_act[{name}]"] if frozen else
+                       [f"bn_act[bn_act_cpu:{name}]"]), kernels
+    probe = copy.deepcopy(ref)             # its running statistics move: not ref's
+    z = probe.bn(probe.conv(image()))
+    assert (z > 6).any() and (z < -3).any()
+    for (n, b), c in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c, msg=n)
+
+
+def test_an_unsupported_act_is_an_mlp_reason_only_after_an_fc():
+    """Linear -> hardsigmoid -> Linear is an MLP no kernel computes (a reason); BN ->
+    hardsigmoid -> 1x1 conv is no MLP at all (MobileNet's layout: no mlp note)."""
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.Hardsigmoid(), nn.Linear(8, 4))
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Hardsigmoid(),
+                         nn.Conv2d(8, 4, 1))
+    notes = {name: [m for k, m in fuse(model, "train").notes if k == "not_fused"]
+             for name, model in (("mlp", mlp), ("conv", conv))}
+    assert any(m.startswith("mlp: 1 candidate(s)") and "hardsigmoid" in m
+               for m in notes["mlp"]), notes
+    assert not any(m.startswith("mlp") for m in notes["conv"]), notes
+
+
+def test_mobilenet_v3_hardsigmoid_se_is_a_reason():
+    result = fuse(build(tv_mobilenet.make_v3).train(), "train")
+    assert any(k == "not_fused" and "se_gate: 2 candidate(s)" in m and "hardsigmoid" in m
+               for k, m in result.notes), result.notes
 
 
 def test_frozen_batchnorm_and_a_flipped_training_flag():
@@ -435,10 +498,10 @@ class FunctionalBN(nn.BatchNorm2d):   # F.batch_norm on its own state, then an a
 
 
 def test_a_frozen_functional_bn_before_an_unfused_act_runs_the_norm_once(site_calls):
-    """The BN alone is a bn_train site (no kernel computes hardswish); frozen (eval) inside a
-    training run, the site runs the norm only: calling the module would apply its act twice."""
+    """The BN alone is a bn_train site (no kernel computes hardsigmoid); frozen (eval) inside
+    a training run, the site runs the norm only: calling the module would apply its act twice."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
-                          FunctionalBN(4, nn.Hardswish())).double().train()
+                          FunctionalBN(4, nn.Hardsigmoid())).double().train()
     ref = copy.deepcopy(model)
     result = fuse(model, "train")
     assert dict(result.sites) == {"bn_train": 1}, result.notes
@@ -539,7 +602,9 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),
-                               {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9})}
+                               {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9}),
+               "tv_mobilenet_v2": {"conv_bn_fold": 7, "conv_bn_fold_seq": 6},
+               "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1}}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

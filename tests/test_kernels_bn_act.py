@@ -1,6 +1,7 @@
-"""The bn_act kernels (BatchNorm2d with training statistics + SiLU / ReLU / GELU) against the
-float64 reference: forward output, batch statistics, running statistics and every gradient,
-per activation x memory format x dtype, C++ on CPU and Triton under TRITON_INTERPRET=1."""
+"""The bn_act kernels (BatchNorm2d with training statistics + SiLU / ReLU / GELU / ReLU6 /
+hardswish) against the float64 reference: forward output, batch statistics, running
+statistics and every gradient, per activation x memory format x dtype, C++ on CPU and Triton
+under TRITON_INTERPRET=1."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the triton kernels are first imported
@@ -28,22 +29,22 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-3)).item()
 
 
-def _inputs(shape, dtype, layout, shift=3.0, seed=0):
+def _inputs(shape, dtype, layout, shift=3.0, seed=0, w_scale=1.0):
     g = torch.Generator().manual_seed(seed)
     x = (2 * torch.randn(shape, generator=g) + shift).to(dtype)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
     C = shape[1]
-    w = (1 + 0.5 * torch.randn(C, generator=g)).to(dtype)
+    w = (w_scale * (1 + 0.5 * torch.randn(C, generator=g))).to(dtype)
     b = (0.5 * torch.randn(C, generator=g)).to(dtype)
     dy = torch.randn(shape, generator=g).to(dtype)
     rm, rv = 0.1 * torch.randn(C, generator=g).to(dtype), (1 + torch.rand(C, generator=g)).to(dtype)
     return x, w, b, dy, rm, rv
 
 
-def compare(mod, shape, dtype, layout, act, shift=3.0):
+def compare(mod, shape, dtype, layout, act, shift=3.0, w_scale=1.0):
     """Errors of mod.forward / mod.backward vs the float64 reference (autograd of it)."""
-    x, w, b, dy, rm, rv = _inputs(shape, dtype, layout, shift)
+    x, w, b, dy, rm, rv = _inputs(shape, dtype, layout, shift, w_scale=w_scale)
     rm_ref, rv_ref = rm.double().clone(), rv.double().clone()
     y, mean, invstd = mod.forward(x, w, b, rm, rv, MOMENTUM, EPS, act)
     assert y.shape == x.shape and y.dtype == x.dtype and y.stride() == x.stride()
@@ -83,9 +84,28 @@ def test_cpu_large_mean_keeps_precision(layout):
     assert_close(compare(cpu, (4, 6, 9, 9), torch.float32, layout, "silu", shift=1e4), 2e-4)
 
 
+PIECEWISE = ("relu", "relu6", "hardswish")
+# z's spread (the BN output is about N(b, w)) at which every piece of these is hit: ReLU6's
+# clamp at 6 and hardswish's two kinks at -3 and 3 (at w ~ 1 few values pass 6)
+WIDE = 5.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("act", PIECEWISE)
+def test_cpu_piecewise_acts_on_every_piece(act, layout, dtype):
+    _built()
+    x, w, b, _, _, _ = _inputs((2, 40, 37, 3), dtype, layout, w_scale=WIDE)
+    z = torch.nn.functional.batch_norm(x.double(), None, None, w.double(), b.double(), True,
+                                       0.0, EPS)
+    assert (z > 6).any() and (z < -3).any() and ((z > -3) & (z < 3)).any()
+    assert_close(compare(cpu, (2, 40, 37, 3), dtype, layout, act, w_scale=WIDE), TOL[dtype])
+
+
 # every act once, silu in both layouts (the interpreter is slow: keep the cases few)
 TRITON_CASES = [("silu", "nchw"), ("silu", "channels_last"), ("relu", "channels_last"),
-                ("gelu", "nchw"), ("gelu_tanh", "channels_last"), ("identity", "nchw")]
+                ("gelu", "nchw"), ("gelu_tanh", "channels_last"), ("identity", "nchw"),
+                ("relu6", "nchw"), ("hardswish", "channels_last")]
 
 
 @pytest.mark.parametrize("act, layout", TRITON_CASES)
@@ -97,7 +117,8 @@ def test_triton_matches_float64_reference(act, layout, monkeypatch):
         pytest.skip(reason)
     monkeypatch.setattr(triton, "BLOCK_R", 8)
     monkeypatch.setattr(triton, "TARGET_SPLITS", 2)
-    assert_close(compare(triton, (2, 70, 3, 5), torch.float32, layout, act), 2e-5)
+    wide = WIDE if act in PIECEWISE else 1.0
+    assert_close(compare(triton, (2, 70, 3, 5), torch.float32, layout, act, w_scale=wide), 2e-5)
 
 
 @pytest.mark.parametrize("name", list_impls("bn_act"))

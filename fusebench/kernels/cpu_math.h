@@ -86,7 +86,8 @@ void parallel_chunks(int64_t n, int64_t parts, int64_t grain_items, const F& fn)
 
 // ---------------------------------------------------------------- activations: f and f'
 // The codes are the Python side's (kernels/bn_act/cpu.py passes them).
-enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kIdentity = 4 };
+enum ActCode { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kIdentity = 4, kRelu6 = 5,
+               kHardswish = 6 };
 
 template <int K> struct Act;
 // kCostly: the derivative costs a transcendental per value (exp/erf/tanh): a backward pass
@@ -177,6 +178,26 @@ template <> struct Act<kIdentity> {  // BN alone (a projection's BN): z and 1
   template <typename A> static A f(A z) { return z; }
   template <typename A> static A d(A) { return A(1); }
 };
+// MobileNet's two (torchvision, timm): quiet compares as for ReLU, so the loops vectorise. The
+// derivatives are aten's at the kinks: hardtanh_backward is 0 at z <= 0 and z >= 6;
+// hardswish_backward is 0 below -3, z / 3 + 1/2 on [-3, 3], 1 above. NaN stays NaN in f.
+template <> struct Act<kRelu6> {
+  static constexpr bool kCostly = false;
+  template <typename A> static A f(A z) {
+    return __builtin_isless(z, A(0)) ? A(0) : (__builtin_isgreater(z, A(6)) ? A(6) : z);
+  }
+  template <typename A> static A d(A z) {
+    return static_cast<A>(__builtin_isgreater(z, A(0)) & __builtin_isless(z, A(6)));
+  }
+};
+template <> struct Act<kHardswish> {  // z * relu6(z + 3) / 6, as aten writes it
+  static constexpr bool kCostly = false;
+  template <typename A> static A f(A z) { return z * Act<kRelu6>::f(z + A(3)) / A(6); }
+  template <typename A> static A d(A z) {
+    return __builtin_isless(z, A(-3)) ? A(0)
+           : (__builtin_islessequal(z, A(3)) ? z / A(3) + A(0.5) : A(1));
+  }
+};
 
 // Calls f(Act<K>{}) for a runtime activation code: one instantiation per activation.
 template <typename F> void with_act(int64_t act, const F& f) {
@@ -186,6 +207,8 @@ template <typename F> void with_act(int64_t act, const F& f) {
     case kGelu: return f(Act<kGelu>{});
     case kGeluTanh: return f(Act<kGeluTanh>{});
     case kIdentity: return f(Act<kIdentity>{});
+    case kRelu6: return f(Act<kRelu6>{});
+    case kHardswish: return f(Act<kHardswish>{});
   }
   TORCH_CHECK(false, "unknown activation code ", act);
 }

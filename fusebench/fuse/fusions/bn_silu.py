@@ -57,7 +57,7 @@ def aten_bn_act_kernel(silu: Pure, running_mean, running_var, momentum: float,
 def bn_act_kernel(impl: BnActImpl, act: str, running_mean, running_var, momentum: float,
                   eps: float, prefix: str = "bn_silu", stats: dict | None = None
                   ) -> MultiOpKernel:
-    """The bn_act kernel (kernels/bn_act) with activation `act` (silu, relu, gelu, gelu_tanh);
+    """The bn_act kernel (kernels/bn_act) with activation `act` (its ACT_CODES' names);
     `stats` (if given) receives mean / invstd."""
     def fwd(c, groups):
         (w, b), = groups

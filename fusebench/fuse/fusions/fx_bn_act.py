@@ -1,6 +1,6 @@
-"""bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU, whatever module or function
-spells the activation (torchvision's Conv2dNormActivation, a user's Sequential, F.relu(bn(x)))
-and the norm (an nn.BatchNorm2d, or a subclass calling F.batch_norm: timm's BatchNormAct2d).
+"""bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU / ReLU6 / hardswish, whatever
+module or function spells the activation (torchvision's Conv2dNormActivation, a user's
+Sequential, F.relu(bn(x)), MobileNet's ReLU6 and hardswish) and the norm (an nn.BatchNorm2d, or a subclass calling F.batch_norm: timm's BatchNormAct2d).
 Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
 the BN output in backward (bn_silu's train_bn_act with the matched activation: the bn_act
 kernel where bound, else aten's sequence). Eval-mode BN (frozen
@@ -55,10 +55,10 @@ def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
 
 @register_pattern("bn_act", benches=("train",))
 def bn_act(n, scope):
-    """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU -> one Function (train or eval
+    """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU/ReLU6/hardswish -> one Function (train or eval
     statistics); the BN an nn.BatchNorm2d call or a subclass's F.batch_norm (timm's
     BatchNormAct2d, whose `drop` is the identity between the two)."""
-    if N.op(n) not in (*N.ACTS, "relu6", "hardswish"):
+    if N.op(n) not in (*N.ACTS, "hardsigmoid"):
         return None
     bn, between = N.above_identities(N.x_of(n), scope.ctx.bench)
     call = N.batch_norm_call(bn, scope.m)

@@ -274,9 +274,11 @@ def mlp(n, scope):
     act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
-    fc1 = N.fc(act.x) if not isinstance(act, str) else None
-    if isinstance(act, str) or isinstance(fc1, str) or isinstance(fc2, str):
-        return Miss("mlp", next(r for r in (act, fc1, fc2) if isinstance(r, str)))
+    if isinstance(act, str):   # a candidate only where an fc feeds the act (not a BN: MobileNet)
+        return Miss("mlp", act) if isinstance(N.fc(N.x_of(act_node)), tuple) else None
+    fc1 = N.fc(act.x)
+    if isinstance(fc1, str) or isinstance(fc2, str):
+        return Miss("mlp", next(r for r in (fc1, fc2) if isinstance(r, str)))
     if fc1 is None or N.op(fc1.x) == "adaptive_avg_pool2d" or N.mean_dims(fc1.x):
         return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
     if fc1.kind != fc2.kind:

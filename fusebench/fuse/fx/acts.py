@@ -1,6 +1,6 @@
 """The activation a matched node computes, and the pure fwd/bwd pair that computes exactly that.
-silu runs the act family bound for this fuse() (binding.PREFERRED); relu and gelu run aten's
-own forward and backward ops (the same numbers as eager, inside one fused Function); quick
+silu runs the act family bound for this fuse() (binding.PREFERRED); relu, relu6, hardswish
+and gelu run aten's own forward and backward ops (the same numbers as eager, inside one fused Function); quick
 GELU x*sigmoid(1.702x) runs the user's own forward ops and its derivative. `match_act` also
 reads activations written out by hand (fx/spelled.py)."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ APPROXIMATE = ("none", "tanh")          # what F.gelu and the bias_gelu kernels 
 
 
 def activation(n: fx.Node) -> tuple[str, str] | str | None:
-    """('silu'|'relu'|'gelu', gelu approximate) for an activation node, a reason string for an
+    """(one of N.ACTS, gelu approximate) for an activation node, a reason string for an
     activation no kernel here computes, None for anything else."""
     op = N.op(n)
-    if op in ("relu6", "hardswish", "hardsigmoid"):
+    if op == "hardsigmoid":
         return f"activation {op}: no fused kernel computes it"
     if op not in N.ACTS:
         return None
@@ -60,6 +60,20 @@ def _relu() -> Pure:
 
 
 @functools.cache
+def _relu6() -> Pure:
+    return Pure("relu6", F.relu6,
+                lambda dy, x: torch.ops.aten.hardtanh_backward(dy, x, 0.0, 6.0))
+
+
+@functools.cache
+def _hardswish() -> Pure:
+    return Pure("hardswish", F.hardswish, torch.ops.aten.hardswish_backward)
+
+
+PIECEWISE = {"relu": _relu, "relu6": _relu6, "hardswish": _hardswish}
+
+
+@functools.cache
 def _gelu(approximate: str) -> Pure:
     return Pure(f"gelu[{approximate}]", lambda x: F.gelu(x, approximate=approximate),
                 lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate=approximate))
@@ -71,4 +85,4 @@ def pure_act(op: str, approximate: str, ctx) -> Pure:
         return ctx.act("silu")
     if op == "quick_gelu":
         return _quick_gelu()
-    return _relu() if op == "relu" else _gelu(approximate)
+    return PIECEWISE[op]() if op in PIECEWISE else _gelu(approximate)

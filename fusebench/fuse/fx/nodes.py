@@ -38,7 +38,7 @@ MODULES = {
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
     nn.Identity: "identity",
 }
-ACTS = ("silu", "relu", "gelu")                      # activations with a fused kernel here
+ACTS = ("silu", "relu", "gelu", "relu6", "hardswish")   # activations with a fused kernel here
 
 
 def op(n) -> str | None:

@@ -10,7 +10,7 @@ own a (BLOCK_R, BLOCK_C) tile."""
 import triton
 import triton.language as tl
 
-SILU, RELU, GELU, GELU_TANH, IDENTITY = 0, 1, 2, 3, 4          # cpu.py's ACT_CODES
+SILU, RELU, GELU, GELU_TANH, IDENTITY, RELU6, HARDSWISH = 0, 1, 2, 3, 4, 5, 6  # cpu.py's ACT_CODES
 
 
 @triton.jit
@@ -23,6 +23,10 @@ def _act(z, ACT: tl.constexpr):
         return 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
     elif ACT == 4:
         return z
+    elif ACT == 5:
+        return tl.minimum(tl.maximum(z, 0.0), 6.0)
+    elif ACT == 6:
+        return z * tl.minimum(tl.maximum(z + 3.0, 0.0), 6.0) / 6.0
     else:
         t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
         return 0.5 * z * (1.0 + t)
@@ -37,6 +41,10 @@ def _act_grad(z, ACT: tl.constexpr):
         return tl.where(z > 0.0, 1.0, 0.0)
     elif ACT == 4:
         return tl.full(z.shape, 1.0, z.dtype)
+    elif ACT == 5:                      # aten's hardtanh_backward: 0 at both kinks
+        return tl.where((z > 0.0) & (z < 6.0), 1.0, 0.0)
+    elif ACT == 6:                      # aten's hardswish_backward
+        return tl.where(z < -3.0, 0.0, tl.where(z <= 3.0, z / 3.0 + 0.5, 1.0))
     elif ACT == 2:
         cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
         return cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)

@@ -18,7 +18,8 @@ from fusebench.kernels.registry import register_impl
 EXT_NAME = "fusebench_bn_act_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
-ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "identity": 4}  # cpu.cpp's
+ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "identity": 4,  # cpu_math.h's
+             "relu6": 5, "hardswish": 6}
 
 KERNEL = CppKernel(EXT_NAME, SOURCE, "the bn_act cpu kernel runs")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build

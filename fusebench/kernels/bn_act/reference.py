@@ -9,7 +9,8 @@ from fusebench.kernels.registry import register_impl
 
 # activation name -> the float64 / aten function (what every impl's `act` argument names)
 ACTS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu,
-        "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "identity": lambda z: z}
+        "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "identity": lambda z: z,
+        "relu6": F.relu6, "hardswish": F.hardswish}
 
 
 def bn_act_reference(x, weight, bias, eps: float, act: str = "silu",
