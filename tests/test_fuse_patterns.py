@@ -69,9 +69,10 @@ ASSETS = {
     "tv_mobilenet_v2": (tv_mobilenet.make_v2, lambda: (image(),),
                         {"bn_act": 9, "bn_train": 4, "dwconv": 4, "conv1x1": 8}),
     # BN -> hardswish / ReLU; the classifier's Linear -> hardswish -> Linear (mlp); the SEs'
-    # hardsigmoid gate is a not_fused reason (test_mobilenet_v3_hardsigmoid_se_is_a_reason)
+    # hardsigmoid gates, each folded into the projection after it (se_project)
     "tv_mobilenet_v3": (tv_mobilenet.make_v3, lambda: (image(),),
-                        {"bn_act": 7, "bn_train": 3, "dwconv": 3, "conv1x1": 6, "mlp": 1}),
+                        {"bn_act": 7, "bn_train": 3, "dwconv": 3, "conv1x1": 4, "mlp": 1,
+                         "se_gate": 2, "se_project": 2}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -460,10 +461,21 @@ def test_an_unsupported_act_is_an_mlp_reason_only_after_an_fc():
     assert not any(m.startswith("mlp") for m in notes["conv"]), notes
 
 
-def test_mobilenet_v3_hardsigmoid_se_is_a_reason():
-    result = fuse(build(tv_mobilenet.make_v3).train(), "train")
-    assert any(k == "not_fused" and "se_gate: 2 candidate(s)" in m and "hardsigmoid" in m
-               for k, m in result.notes), result.notes
+def test_mobilenet_v3_se_runs_the_hard_gate(site_calls):
+    """Its SEs' hardsigmoid gates fold into the projections (se_project[...,hard]); the same
+    SE with no projection after it runs the se_gate kernel with the hard gate."""
+    model = build(tv_mobilenet.make_v3).train()
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    y = assert_matches_eager(model, ref, (image(),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert sum(n.startswith("se_project[") and n.endswith(",hard]") for n in names) == 2, names
+    se = build(tv_mobilenet.make_v3).features[1].block[1]       # an SqueezeExcitation alone
+    model, ref = nn.Sequential(se), nn.Sequential(copy.deepcopy(se))
+    assert dict(fuse(model, "train").sites) == {"se_gate": 1}
+    y = assert_matches_eager(model, ref, (torch.randn(2, 8, 6, 6, dtype=torch.float64),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert len(names) == 1 and ":hard," in names[0], names
 
 
 def test_frozen_batchnorm_and_a_flipped_training_flag():
@@ -604,7 +616,8 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),
                                {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9}),
                "tv_mobilenet_v2": {"conv_bn_fold": 7, "conv_bn_fold_seq": 6},
-               "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1}}
+               "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1,
+                                   "se_gate": 2}}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

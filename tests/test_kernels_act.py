@@ -366,3 +366,30 @@ def test_bias_gelu_bwd_y_is_bwd_plus_the_forward(impl, approximate, layout):
     assert y.stride() == x.stride()                         # x's layout, as fwd's y
     ref = torch.nn.functional.gelu(x.double() + b.double()[:, None, None], approximate=approximate)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["function", "cpu", "triton"])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_se_gate_hard_gate_matches_aten(impl, layout, dtype):
+    """The hardsigmoid gate (binding.hard_gate, MobileNetV3's SE) on each impl's pure pair:
+    y, dx and dg against autograd of x * F.hardsigmoid(g), with logits on both clamps and
+    between. float64 to 1e-12: the same numbers as aten's, whose backward multiplies by a
+    float 1/6 (kernels/act/gate.py); float32 as float32 rounds. Triton: float32 only."""
+    from fusebench.fuse.binding import hard_gate, pure_pair
+    if impl == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton kernels compute in float32")
+    _impl("se_gate", impl)
+    gate = hard_gate(pure_pair("se_gate", impl))
+    torch.manual_seed(2)
+    x = _layout(torch.randn(2, 19, 5, 7, dtype=dtype), layout)
+    g = 4 * torch.randn(2, 19, 1, 1, dtype=dtype)
+    assert (g < -3).any() and (g > 3).any() and (g.abs() < 3).any()
+    dy = torch.randn_like(x)
+    xr, gr = x.detach().clone().requires_grad_(), g.clone().requires_grad_()
+    yr = xr * nn.functional.hardsigmoid(gr)
+    yr.backward(dy)
+    y = gate.fwd(x, g)
+    dx, dg = gate.bwd(dy, x, g)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close((y, dx, dg), (yr, xr.grad, gr.grad), rtol=tol, atol=tol)

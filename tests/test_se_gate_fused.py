@@ -25,9 +25,25 @@ class GraphSE(nn.Module):
         return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
 
 
-@pytest.mark.parametrize("make, site", [(SqueezeExcite, "se_gate"), (GraphSE, "se_gate")])
+class HardGraphSE(GraphSE):
+    """torchvision's MobileNetV3 SqueezeExcitation: ReLU inside, a Hardsigmoid gate, `scale * x`
+    (binding.hard_gate)."""
+
+    def __init__(self, c, r):
+        super().__init__(c, r)
+        self.act, self.gate = nn.ReLU(), nn.Hardsigmoid()
+        with torch.no_grad():              # logits on both clamps (|g| > 3) and between
+            self.fc2.bias.copy_(torch.linspace(-5, 5, c))
+
+    def forward(self, x):
+        return self.gate(self.fc2(self.act(self.fc1(self.pool(x))))) * x
+
+
+@pytest.mark.parametrize("make, site, kernel", [(SqueezeExcite, "se_gate", "se_gate[cpu,"),
+                                                (GraphSE, "se_gate", "se_gate[cpu,"),
+                                                (HardGraphSE, "se_gate", "se_gate[cpu:hard,")])
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
-def test_fused_se_matches_eager_float64(make, site, layout):
+def test_fused_se_matches_eager_float64(make, site, kernel, layout):
     torch.manual_seed(0)
     model = nn.Sequential(make(24, 6)).double()
     ref = copy.deepcopy(model)
@@ -36,7 +52,9 @@ def test_fused_se_matches_eager_float64(make, site, layout):
     x = torch.randn(2, 24, 5, 7, dtype=torch.float64).contiguous(memory_format=fmt)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     y, r = model(xa), ref(xb)
-    assert any(type(n).__name__ == "MultiOpFunctionBackward" for n in autograd_nodes(y))
+    names = [n.kernel.name for n in autograd_nodes(y)
+             if type(n).__name__ == "MultiOpFunctionBackward"]
+    assert len(names) == 1 and names[0].startswith(kernel), names
     torch.testing.assert_close(y, r, atol=1e-12, rtol=1e-10)
     dy = torch.randn(y.shape, dtype=torch.float64)
     y.backward(dy), r.backward(dy)

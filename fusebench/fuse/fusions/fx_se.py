@@ -2,7 +2,8 @@
   pool:   nn.AdaptiveAvgPool2d(1) / F.adaptive_avg_pool2d(x, 1) / x.mean((2, 3), keepdim=True)
           (or without keepdim / flattened, before Linear layers)
   reduce -> SiLU/ReLU/GELU -> expand: 1x1 nn.Conv2d or nn.Linear (with biases)
-  gate:   sigmoid (module, torch.sigmoid or method), reshaped to (N, C, 1, 1) if needed, * x.
+  gate:   sigmoid (module, torch.sigmoid or method) or hardsigmoid (MobileNetV3's), reshaped
+          to (N, C, 1, 1) if needed, * x.
 The x-sized work is the gate (the se_gate act family bound for this fuse()); the rest is
 (N, C)-sized, with reduce/expand as matrix products on the flattened weights.
 se_project (train): the same SE whose only use is a pointwise nn.Conv2d, absorbed with it (a
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from fusebench.fuse.binding import Pure
+from fusebench.fuse.binding import Pure, hard_gate
 from fusebench.fuse.conv1x1 import is_pointwise, run_conv
 from fusebench.fuse.engine import run_ops
 from fusebench.fuse.fusions.se_gate import se_kernel
@@ -21,6 +22,12 @@ from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.fuse.rule import computes_as
+
+
+def gates(ctx, hard: bool) -> Pure:
+    """The bound se_gate pair, with the hardsigmoid gate where the SE has one."""
+    gate = ctx.act("se_gate")
+    return hard_gate(gate) if hard else gate
 
 
 def se_site(gate: Pure, act: Pure) -> Site:
@@ -62,17 +69,15 @@ def _unbroadcast(n):
     return n
 
 
-def _reason(g, act, reduce, expand) -> str | None:
-    if N.op(g) != "sigmoid":
-        return f"gate is {N.op(g)}: the kernel computes sigmoid"
+def _reason(act, reduce, expand) -> str | None:
     if not isinstance(act, tuple):
         return act or "an activation no kernel here computes"
     return next((r for r in (_fc(reduce), _fc(expand)) if isinstance(r, str)), None)
 
 
 def _match(n):
-    """(x, reduce, expand, (act kind, approximate), inner nodes) when n is `x * gate(SE(x))`;
-    a Miss (an SE no kernel here computes) or None otherwise."""
+    """(x, reduce, expand, (act kind, approximate), hard gate?, inner nodes) when n is
+    `x * gate(SE(x))`; a Miss (an SE no kernel here computes) or None otherwise."""
     ab = N.operands(n) if N.op(n) == "mul" else None
     for x, gate in (ab, ab[::-1]) if ab else ():
         g = _unbroadcast(gate)
@@ -84,10 +89,11 @@ def _match(n):
         if reduce is None or _fc(reduce) is None or not _squeezed(N.x_of(reduce), x):
             continue
         act = activation(act_node)
-        reason = _reason(g, act, reduce, expand)
+        reason = _reason(act, reduce, expand)
         if reason:
             return Miss("se_gate", reason)
-        return x, reduce, expand, act, (g, gate, expand, act_node, reduce, N.x_of(reduce))
+        return (x, reduce, expand, act, N.op(g) == "hardsigmoid",
+                (g, gate, expand, act_node, reduce, N.x_of(reduce)))
     return None
 
 
@@ -97,8 +103,8 @@ def squeeze_excite(n, scope):
     got = _match(n)
     if not isinstance(got, tuple):
         return got
-    x, reduce, expand, act, inner = got
-    return Hit("se_gate", n, se_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx)),
+    x, reduce, expand, act, hard, inner = got
+    return Hit("se_gate", n, se_site(gates(scope.ctx, hard), pure_act(*act, scope.ctx)),
                (x, Attr(reduce.target), Attr(expand.target)), inner)
 
 
@@ -110,8 +116,8 @@ def squeeze_excite_project(n, scope):
     got = _match(n) if proj is not None else None
     if not isinstance(got, tuple):
         return None                    # a Miss: se_gate, tried next, reports it
-    x, reduce, expand, act, inner = got
-    site = se_project_site(scope.ctx.act("se_gate"), pure_act(*act, scope.ctx))
+    x, reduce, expand, act, hard, inner = got
+    site = se_project_site(gates(scope.ctx, hard), pure_act(*act, scope.ctx), hard)
     return Hit("se_project", proj, site, (x, Attr(reduce.target), Attr(expand.target),
                                           Attr(proj.target)), (*inner, n), also=("se_gate",))
 
@@ -124,14 +130,14 @@ def _projection(n):
     return u if is_pointwise(N.module(u)) and len(u.args) == 1 and not u.kwargs else None
 
 
-def se_project_site(gate: Pure, act: Pure) -> Site:
+def se_project_site(gate: Pure, act: Pure, hard: bool = False) -> Site:
     """proj(SE(x)): se_project's folded Function where it `folds`, else the SE site's
-    Function and then the conv (a GEMM on channels-last)."""
+    Function and then the conv (a GEMM on channels-last). hard: `gate` is hard_gate's."""
     se = se_kernel(gate, act)
 
     def run(x, reduce, expand, proj):
         if folds(x, proj.weight):
-            return se_project(x, reduce, expand, proj, act)
+            return se_project(x, reduce, expand, proj, act, hard)
         y = run_ops(se, x, ((reduce.weight, reduce.bias), (expand.weight, expand.bias)))
         return run_conv(proj, y)
     return Site("fused_se_project", run)

@@ -28,6 +28,7 @@ from fusebench.fuse.fusions.bn_train import FusedConvBN
 from fusebench.fuse.fusions.se_gate import FusedSqueezeExcite, squeeze, squeeze_bwd
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
+from fusebench.kernels.act.gate import gate_grad, gate_of
 from fusebench.models.layers import ConvBNAct, MBConv, SqueezeExcite
 
 
@@ -52,13 +53,14 @@ def _rows(x: torch.Tensor, c: int):
 
 
 @functools.cache
-def se_project_kernel(act: Pure) -> MultiOpKernel:
-    """groups: reduce (w, b), expand (w, b), projection (w[, b]); x (N, C, H, W)."""
+def se_project_kernel(act: Pure, hard: bool = False) -> MultiOpKernel:
+    """groups: reduce (w, b), expand (w, b), projection (w[, b]); x (N, C, H, W). hard: the
+    gate is hardsigmoid (MobileNetV3's SE), not sigmoid."""
     def fwd(x, groups):
         wp, *bp = groups[2]
         n, c, h, w = x.shape
         s, r, e = squeeze(x, groups, act)
-        g = torch.sigmoid(e)                                # (N, C) gate
+        g = gate_of(e, hard)                                # (N, C) gate
         wn = wp.flatten(1)[None] * g[:, None, :]            # (N, O, C): the gate folded in
         X, cl = _rows(x, c)
         o = wp.shape[0]
@@ -80,7 +82,7 @@ def se_project_kernel(act: Pure) -> MultiOpKernel:
         m = torch.bmm(D.transpose(1, 2), X) if cl else torch.bmm(D, X.transpose(1, 2))
         # m[n] = dY_n^T x_n (O, C): the weight's gradient gated per image, the gate's summed
         dwp = (m * g[:, None, :]).sum(0)
-        de = (m * wp2).sum(1) * g * (1 - g)                 # through the sigmoid: (N, C)
+        de = (m * wp2).sum(1) * gate_grad(g, hard)          # through the gate: (N, C)
         ds, se_grads = squeeze_bwd(de, s, r, groups, act)
         ds = ds / (h * w)                                   # the mean's gradient, per (n, c)
         wn = wp2[None] * g[:, None, :]
@@ -90,12 +92,14 @@ def se_project_kernel(act: Pure) -> MultiOpKernel:
             dx = torch.baddbmm(ds[:, :, None], wn.transpose(1, 2), D).view(n, c, h, w)
         dbp = (D.sum((0, 1)) if cl else D.sum((0, 2)),) if bp else ()
         return dx, (*se_grads, (dwp.view(wp.shape), *dbp))
-    return MultiOpKernel(f"se_project[{act.impl}]", fwd, bwd)
+    return MultiOpKernel(f"se_project[{act.impl}{',hard' if hard else ''}]", fwd, bwd)
 
 
-def se_project(x, reduce: nn.Module, expand: nn.Module, proj: nn.Module, act: Pure):
-    """proj(x * sigmoid(expand(act(reduce(mean(x)))))) with the gate in proj's weights."""
-    return run_ops(se_project_kernel(act), x, ((reduce.weight, reduce.bias),
+def se_project(x, reduce: nn.Module, expand: nn.Module, proj: nn.Module, act: Pure,
+               hard: bool = False):
+    """proj(x * sigmoid(expand(act(reduce(mean(x)))))) with the gate in proj's weights
+    (hard: hardsigmoid)."""
+    return run_ops(se_project_kernel(act, hard), x, ((reduce.weight, reduce.bias),
                                                (expand.weight, expand.bias),
                                                (proj.weight, proj.bias)))
 

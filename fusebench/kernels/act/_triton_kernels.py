@@ -90,24 +90,32 @@ def bias_gelu_bwd_kernel(DY, X, B, DX, DBp, Y, C, HW, stride_n, stride_c, stride
 
 
 @triton.jit
+def _gate(g, HARD: tl.constexpr):
+    """sigmoid(g), or hardsigmoid(g) = clamp(g / 6 + 1/2, 0, 1)."""
+    if HARD:
+        return tl.minimum(tl.maximum(g / 6.0 + 0.5, 0.0), 1.0)
+    return tl.sigmoid(g)
+
+
+@triton.jit
 def se_gate_fwd_kernel(X, G, Y, C, HW, stride_n, stride_c, stride_hw, BLOCK_C: tl.constexpr,
-                       BLOCK_HW: tl.constexpr):
+                       BLOCK_HW: tl.constexpr, HARD: tl.constexpr):
     n = tl.program_id(1).to(tl.int64)
     cs, cm, mask, offs = _tile(tl.program_id(0), n, C, HW, stride_n, stride_c, stride_hw,
                                BLOCK_C, BLOCK_HW)
-    s = tl.sigmoid(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32))
+    s = _gate(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32), HARD)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + offs, (x * s[:, None]).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def se_gate_bwd_kernel(DY, X, G, DX, DOTp, C, HW, stride_n, stride_c, stride_hw,
-                       BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+                       BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, HARD: tl.constexpr):
     pid_hw = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     cs, cm, mask, offs = _tile(pid_hw, n, C, HW, stride_n, stride_c, stride_hw,
                                BLOCK_C, BLOCK_HW)
-    s = tl.sigmoid(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32))
+    s = _gate(tl.load(G + n * C + cs, mask=cm, other=0.0).to(tl.float32), HARD)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(DX + offs, (dy * s[:, None]).to(DX.dtype.element_ty), mask=mask)

@@ -308,8 +308,20 @@ std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tens
   return {dx, db.to(bias.scalar_type())};
 }
 
+// s = sigmoid(g), or hardsigmoid(g) (hard: MobileNetV3's gate), over the (N*C) logits, and
+// ds/dg from s (kernels/act/gate.py says the same in torch for the other impls).
+at::Tensor gate_of(const at::Tensor& g, at::ScalarType acc, bool hard) {
+  at::Tensor ga = g.to(acc).reshape({-1});
+  return (hard ? at::hardsigmoid(ga) : ga.sigmoid()).contiguous();
+}
+
+at::Tensor gate_grad(const at::Tensor& s, bool hard) {
+  // aten's 1.0f / 6.0f (a float constant in every dtype): the same numbers as eager
+  return hard ? at::logical_and(s > 0, s < 1).to(s.scalar_type()) * (1.0f / 6.0f) : s * (1 - s);
+}
+
 // g is (N, C, 1, 1): one gate per plane.
-at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g) {
+at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g, bool hard) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
@@ -317,7 +329,7 @@ at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g) {
   at::Tensor y = fusebench::empty_output(x, at::MemoryFormat::Preserve);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_forward", [&] {
     using A = Acc<scalar_t>;
-    at::Tensor s = g.to(acc_type<scalar_t>()).reshape({N * C}).sigmoid().contiguous();
+    at::Tensor s = gate_of(g, acc_type<scalar_t>(), hard);
     se_gate_fwd_k<scalar_t, A>(x.data_ptr<scalar_t>(), s.data_ptr<A>(), y.data_ptr<scalar_t>(),
                                N, C, HW, l);
   });
@@ -325,7 +337,7 @@ at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g) {
 }
 
 std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor& x_,
-                                         const at::Tensor& g) {
+                                         const at::Tensor& g, bool hard) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
@@ -334,13 +346,13 @@ std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor
   at::Tensor dg;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "se_gate_backward", [&] {
     using A = Acc<scalar_t>;
-    at::Tensor s = g.to(acc_type<scalar_t>()).reshape({N * C}).sigmoid().contiguous();
+    at::Tensor s = gate_of(g, acc_type<scalar_t>(), hard);
     const int64_t P = l == Layout::kNCHW ? 1 : std::min<int64_t>(kHwParts, std::max<int64_t>(1, HW));
     at::Tensor part = at::empty({N, P, C}, x.options().dtype(acc_type<scalar_t>()));
     se_gate_bwd_k<scalar_t, A>(dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), s.data_ptr<A>(),
                                dx.data_ptr<scalar_t>(), part.data_ptr<A>(), N, C, HW, P, l);
     at::Tensor dot = part.sum(1).reshape({N * C});  // sum over H*W of dy * x
-    dg = (dot * s * (1 - s)).view(g.sizes());
+    dg = (dot * gate_grad(s, hard)).view(g.sizes());
   });
   return {dx, dg.to(g.scalar_type())};
 }
@@ -355,6 +367,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(dx, dbias) from the saved x and bias; want_y: (dx, dbias, gelu(x + bias))",
         py::arg("dy"), py::arg("x"), py::arg("bias"), py::arg("tanh_approx"),
         py::arg("want_y") = false);
-  m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g), g (N, C, 1, 1)");
-  m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g");
+  m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g) (hard: hardsigmoid), g (N, C, 1, 1)",
+        py::arg("x"), py::arg("g"), py::arg("hard") = false);
+  m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g", py::arg("dy"),
+        py::arg("x"), py::arg("g"), py::arg("hard") = false);
 }

@@ -1,4 +1,5 @@
-"""SE gate: y = x * sigmoid(g), g = gate logits (N, C, 1, 1) broadcast over H, W.
+"""SE gate: y = x * sigmoid(g), g = gate logits (N, C, 1, 1) broadcast over H, W; with
+hard=True the gate is hardsigmoid(g) = relu6(g + 3) / 6 (MobileNetV3's SE).
 
 Four layers: se_gate_fwd / se_gate_bwd -> SEGateFunction -> se_gate -> SEGate. Saves x and the
 small g; backward is dx = dy * sigmoid(g), dg = sum_hw(dy * x) * s * (1 - s). Eager autograd
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fusebench.kernels.act.gate import gate_grad, gate_of
 from fusebench.kernels.checks import check_gate
 from fusebench.kernels.registry import get_impl, register_impl
 
@@ -18,15 +20,15 @@ def se_gate_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return x.double() * torch.sigmoid(g.double())
 
 
-def se_gate_fwd(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(g)
+def se_gate_fwd(x: torch.Tensor, g: torch.Tensor, hard: bool = False) -> torch.Tensor:
+    return x * gate_of(g, hard)
 
 
-def se_gate_bwd(dy, x, g):
+def se_gate_bwd(dy, x, g, hard: bool = False):
     """(dx, dg) from the saved x and g."""
-    s = torch.sigmoid(g)                                        # (N, C, 1, 1)
+    s = gate_of(g, hard)                                        # (N, C, 1, 1)
     dx = dy * s
-    dg = (dy * x).sum((2, 3), keepdim=True, dtype=s.dtype) * s * (1 - s)
+    dg = (dy * x).sum((2, 3), keepdim=True, dtype=s.dtype) * gate_grad(s, hard)
     return dx, dg.to(g.dtype)
 
 
