@@ -126,3 +126,39 @@ def test_float64_batch_halves_until_it_fits(monkeypatch):
     assert model_check.float64_batch(cpu, 100, 8) == 8          # 200 < 1000
     assert model_check.float64_batch(cpu, 1000, 8) == 2         # 2000 * 2/8 = 500
     assert model_check.float64_batch(cpu, 10_000, 8) == 0
+
+
+# ----- a failed check repeated once on a perturbed batch ----------------------------------------
+
+def test_an_input_specific_miss_passes_on_the_perturbed_batch(fault_modes):
+    """Wrong on the cell's own batch only (as a value rounded across hardswish's kink is): both
+    checks fail there, pass on the perturbed batch, and the record and an event say so."""
+    rec = _run(mode="test_wrong_on_one_batch")
+    assert rec.status == "ok", rec.correctness.detail
+    detail = rec.correctness.detail
+    assert detail.count("the first failure did not repeat") == 2, detail
+    assert "grad rel err" in detail                       # the first failure is kept
+    assert any(e.category == "check_repeated" for e in rec.events), rec.events
+
+
+def test_a_wrong_gradient_fails_the_repeated_check_too(fault_modes):
+    rec = _run(mode="test_corrupt_after_2")
+    assert rec.status == "mismatch"
+    assert "first: ok" in rec.correctness.detail and "(failed again)" in rec.correctness.detail
+
+
+def test_a_passing_check_is_not_repeated():
+    rec = _run(mode="aot")
+    assert rec.status == "ok" and "perturbed" not in rec.correctness.detail
+    assert not any(e.category == "check_repeated" for e in rec.events)
+
+
+def test_perturbed_inputs_keep_layout_and_dtype_and_leave_token_ids_alone():
+    import torch
+    from fusebench.models.inputs import ModelInputs
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    ids = torch.randint(0, 9, (2, 4))
+    (p, same), = [ModelInputs((x, ids)).perturbed().args]
+    assert p.is_contiguous(memory_format=torch.channels_last) and p.dtype == x.dtype
+    assert 0 < (p - x).abs().max() < 1e-2 * x.std() and same is ids
+    assert ModelInputs((ids,)).perturbed() is None

@@ -64,18 +64,20 @@ class ReferenceRunner:
         self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
 
     def check(self, at: str, got: corr.StepResult, state: dict,
-              working_set: int | None) -> corr.Check:
+              working_set: int | None, inputs: ModelInputs | None = None) -> corr.Check:
+        """got (the mode's step on `inputs`, default the cell's) against eager at `state`."""
+        inputs = inputs or self.inputs
         batch = self.spec.model.batch_size
         n = float64_batch(torch.device(self.spec.device), working_set, batch)
         self.model.load_state_dict(state)
-        eager = _clone(self._eager(self.inputs.args, self.loss))
+        eager = _clone(self._eager(inputs.args, self.loss))
         if n == batch:
-            ref = self._float64(self.inputs.reference(), self.loss)
+            ref = self._float64(inputs.reference(), self.loss)
             return corr.check_step(at, got, ref, eager, self.tol, "float64")
         err, note = None, "(no float64 copy fits: bare tolerance)"
         if n:
             self.model.load_state_dict(state)
-            args, loss = _sub_args(self.inputs.args, batch, n), self.loss.sub(n)
+            args, loss = _sub_args(inputs.args, batch, n), self.loss.sub(n)
             sub_eager = _clone(self._eager(args, loss))
             sub_ref = self._float64(ModelInputs(args).reference(), loss)
             err = corr.eager_error(sub_eager, sub_ref, self.tol)

@@ -45,6 +45,20 @@ class ModelInputs:
         return tuple(a.double() if torch.is_tensor(a) and a.is_floating_point() else a
                      for a in self.args)
 
+    def perturbed(self, rel: float = 1e-3, seed: int = 0) -> "ModelInputs | None":
+        """The same args with every float tensor moved by rel x its std of fixed noise (same
+        dtype, device and layout); None when there is no float tensor to move (token ids)."""
+        if not any(torch.is_tensor(a) and a.is_floating_point() for a in self.args):
+            return None
+        gen = torch.Generator().manual_seed(seed)
+
+        def move(a):
+            if not (torch.is_tensor(a) and a.is_floating_point()):
+                return a
+            noise = torch.randn(a.shape, generator=gen).to(a.device, a.dtype)
+            return torch.empty_like(a).copy_(a + rel * a.float().std().to(a.dtype) * noise)
+        return ModelInputs(tuple(move(a) for a in self.args), self.image_size)
+
 
 def describe_arg(a) -> str:
     if torch.is_tensor(a):

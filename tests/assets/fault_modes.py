@@ -59,3 +59,20 @@ class Unavailable(Mode):
 
     def available(self, options, device="cpu"):
         return False, "planted: this mode never runs"
+
+
+@register_mode
+class WrongOnItsFirstBatch(Mode):
+    """Scales the gradient into the model on the batch it was prepared with and on no other:
+    an input-specific miss, the shape of float32 rounding across an activation's kink."""
+    name = "test_wrong_on_one_batch"
+
+    def prepare(self, model, example_inputs, options, events):
+        seen = example_inputs[0].clone()
+
+        def fn(x):
+            out = model(x)
+            if out.requires_grad and torch.equal(x, seen):
+                out.register_hook(lambda g: g * 1.5)
+            return out
+        return fn
