@@ -68,6 +68,11 @@ ASSETS = {
     # BN -> ReLU6 (in-place, in nn.Sequential); the projections' BNs alone (bn_train)
     "tv_mobilenet_v2": (tv_mobilenet.make_v2, lambda: (image(),),
                         {"bn_act": 9, "bn_train": 4, "dwconv": 4, "conv1x1": 8}),
+    # written out as pre-1.6 code did: HSwish / HSigmoid modules (x * relu6(x + 3) / 6), an SE
+    # on Linear layers after `pool(x).view(b, c)`, its gate before a HSwish (no projection)
+    "mobilenet_v3_written_out": (tv_mobilenet.make_written_out, lambda: (image(),),
+                                 {"bn_act": 3, "bn_train": 4, "dwconv": 2, "conv1x1": 4,
+                                  "se_gate": 2}),
     # BN -> hardswish / ReLU; the classifier's Linear -> hardswish -> Linear (mlp); the SEs'
     # hardsigmoid gates, each folded into the projection after it (se_project)
     "tv_mobilenet_v3": (tv_mobilenet.make_v3, lambda: (image(),),
@@ -461,6 +466,20 @@ def test_an_unsupported_act_is_an_mlp_reason_only_after_an_fc():
     assert not any(m.startswith("mlp") for m in notes["conv"]), notes
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_written_out_hardswish_and_hard_sigmoid_run_the_kernels(layout, site_calls):
+    """HSwish (x * relu6(x + 3) / 6) after a BN is the bn_act kernel's hardswish; HSigmoid
+    (relu6(e + 3) / 6) on an SE's Linear output is the se_gate kernel's hard gate with the exact
+    1/6 slope (autograd of the division, not aten's float one)."""
+    model = build(tv_mobilenet.make_written_out).train()
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    y = assert_matches_eager(model, ref, (image().contiguous(memory_format=layout),), tol=1e-12)
+    names = Counter(n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES)
+    assert names["bn_act[bn_act_cpu:hardswish]"] == 3, names
+    assert names["se_gate[cpu:hard,relu]"] == 2, names
+
+
 def test_mobilenet_v3_se_runs_the_hard_gate(site_calls):
     """Its SEs' hardsigmoid gates fold into the projections (se_project[...,hard]); the same
     SE with no projection after it runs the se_gate kernel with the hard gate."""
@@ -616,6 +635,8 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),
                                {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9}),
                "tv_mobilenet_v2": {"conv_bn_fold": 7, "conv_bn_fold_seq": 6},
+               # conv_bn_fold_seq counts Sequentials: the stem's and each block's
+               "mobilenet_v3_written_out": {"conv_bn_fold_seq": 3, "se_gate": 2},
                "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1,
                                    "se_gate": 2}}
 
@@ -684,6 +705,8 @@ SPELLED = {   # written-out activation -> the fused Function's kernel name
                         * (x * 0.5), "mlp[linear,gelu"),
     "quick_gelu": (lambda x: x * torch.sigmoid(1.702 * x), "mlp[linear,quick_gelu"),
     "silu": (lambda x: torch.sigmoid(x) * x, "mlp[linear,"),
+    "hardswish": (lambda x: x * F.relu6(x + 3) / 6, "mlp[linear,hardswish"),
+    "hardswish_grouped": (lambda x: x * (F.relu6(3.0 + x) / 6.0), "mlp[linear,hardswish"),
 }
 
 

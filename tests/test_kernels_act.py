@@ -377,10 +377,11 @@ def test_se_gate_hard_gate_matches_aten(impl, layout, dtype):
     between. float64 to 1e-12: the same numbers as aten's, whose backward multiplies by a
     float 1/6 (kernels/act/gate.py); float32 as float32 rounds. Triton: float32 only."""
     from fusebench.fuse.binding import hard_gate, pure_pair
+    from fusebench.kernels.act.gate import ATEN_SIXTH
     if impl == "triton" and dtype == torch.float64:
         pytest.skip("the Triton kernels compute in float32")
     _impl("se_gate", impl)
-    gate = hard_gate(pure_pair("se_gate", impl))
+    gate = hard_gate(pure_pair("se_gate", impl), ATEN_SIXTH)
     torch.manual_seed(2)
     x = _layout(torch.randn(2, 19, 5, 7, dtype=dtype), layout)
     g = 4 * torch.randn(2, 19, 1, 1, dtype=dtype)

@@ -39,15 +39,31 @@ class HardGraphSE(GraphSE):
         return self.gate(self.fc2(self.act(self.fc1(self.pool(x))))) * x
 
 
+class SENetSE(nn.Module):
+    """SENet's: Linear layers on `pool(x).view(b, c)`, the gate viewed back. Its Linear -> ReLU
+    -> Linear is the SE's, not an mlp site (fx_mlp._gates_an_se)."""
+
+    def __init__(self, c, r):
+        super().__init__()
+        self.avg_pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Sequential(nn.Linear(c, r), nn.ReLU(inplace=True), nn.Linear(r, c),
+                                nn.Sigmoid())
+
+    def forward(self, x):
+        b, c = x.shape[:2]
+        return x * self.fc(self.avg_pool(x).view(b, c)).view(b, c, 1, 1)
+
+
 @pytest.mark.parametrize("make, site, kernel", [(SqueezeExcite, "se_gate", "se_gate[cpu,"),
                                                 (GraphSE, "se_gate", "se_gate[cpu,"),
-                                                (HardGraphSE, "se_gate", "se_gate[cpu:hard,")])
+                                                (HardGraphSE, "se_gate", "se_gate[cpu:hard,"),
+                                                (SENetSE, "se_gate", "se_gate[cpu,")])
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
 def test_fused_se_matches_eager_float64(make, site, kernel, layout):
     torch.manual_seed(0)
     model = nn.Sequential(make(24, 6)).double()
     ref = copy.deepcopy(model)
-    assert fuse(model, "train").sites.get(site) == 1
+    assert dict(fuse(model, "train").sites) == {site: 1}
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     x = torch.randn(2, 24, 5, 7, dtype=torch.float64).contiguous(memory_format=fmt)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -4,7 +4,7 @@ The maths lives in fusebench.kernels (act families, ln2d); here only which impl 
 multi-op Function needs an impl's *pure* forward/backward pair (no autograd node of its own),
 so each act impl is listed with its pair, in one call convention:
   silu: fwd(x) -> y, bwd(dy, x) -> dx;   se_gate: fwd(x, g[, hard]) -> y,
-  bwd(dy, x, g[, hard]) -> (dx, dg) (hard: a hardsigmoid gate, `hard_gate`);
+  bwd(dy, x, g[, hard]) -> (dx, dg) (hard: a hardsigmoid gate's slope, `hard_gate`);
   bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db), and
   bwd_y(dy, x, b, approximate) -> (dx, db, y): the backward that also recomputes y (the MLP's
   fc2 weight gradient needs it) from the same read of x, one exp per value for both."""
@@ -47,8 +47,8 @@ def _function_pairs() -> dict[str, tuple[Callable, ...]]:
 def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
     ext, d = act_cpu.extension(), act_cpu.dense
     return {"silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
-            "se_gate": (lambda x, g, hard=False: ext.se_gate_forward(d(x), g, hard),
-                        lambda dy, x, g, hard=False: tuple(ext.se_gate_backward(dy, x, g, hard))),
+            "se_gate": (lambda x, g, hard=0.0: ext.se_gate_forward(d(x), g, hard),
+                        lambda dy, x, g, hard=0.0: tuple(ext.se_gate_backward(dy, x, g, hard))),
             "bias_gelu": (lambda x, b, a: ext.bias_gelu_forward(d(x), b, a == "tanh"),
                           lambda dy, x, b, a: tuple(ext.bias_gelu_backward(dy, x, b,
                                                                            a == "tanh")),
@@ -77,10 +77,11 @@ def pure_pair(family: str, impl: str) -> Pure:
     return Pure(impl, *PAIRS[impl]()[family])
 
 
-def hard_gate(gate: Pure) -> Pure:
-    """A bound se_gate pair with the hardsigmoid gate (MobileNetV3's SE)."""
-    return Pure(f"{gate.impl}:hard", lambda x, g: gate.fwd(x, g, True),
-                lambda dy, x, g: gate.bwd(dy, x, g, True))
+def hard_gate(gate: Pure, slope: float) -> Pure:
+    """A bound se_gate pair with the hardsigmoid gate (MobileNetV3's SE); `slope` as
+    kernels/act/gate.py says (aten's float 1/6 or the exact one, per spelling)."""
+    return Pure(f"{gate.impl}:hard", lambda x, g: gate.fwd(x, g, slope),
+                lambda dy, x, g: gate.bwd(dy, x, g, slope))
 
 
 def _by_layout(cl: Pure, nchw: Pure) -> Pure:

@@ -125,3 +125,67 @@ def make_v2(**kw):
 
 def make_v3(**kw):
     return MobileNetV3(**kw)
+
+
+# MobileNetV3 as code from before torch had nn.Hardswish writes it (and many copies since):
+# the activations as small modules with their own forward, the SE on Linear layers.
+class HSigmoid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.relu = nn.ReLU6(inplace=True)
+
+    def forward(self, x):
+        return self.relu(x + 3) / 6
+
+
+class HSwish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = HSigmoid()
+
+    def forward(self, x):
+        return x * self.sigmoid(x)
+
+
+class LinearSE(nn.Module):
+    def __init__(self, channels, squeeze):
+        super().__init__()
+        self.avg_pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Sequential(nn.Linear(channels, squeeze), nn.ReLU(inplace=True),
+                                nn.Linear(squeeze, channels), HSigmoid())
+
+    def forward(self, x):
+        b, c, _, _ = x.size()
+        y = self.fc(self.avg_pool(x).view(b, c)).view(b, c, 1, 1)
+        return x * y
+
+
+class WrittenOutBlock(nn.Module):
+    def __init__(self, cin, mid, cout, k=3):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), HSwish(),
+            nn.Conv2d(mid, mid, k, 1, k // 2, groups=mid, bias=False), nn.BatchNorm2d(mid),
+            LinearSE(mid, _squeeze(mid)), HSwish(),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return x + self.conv(x)
+
+
+class WrittenOutV3(nn.Module):
+    """Stem, two blocks, head: HSwish after every BN but the projections'."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16),
+                                  HSwish())
+        self.blocks = nn.Sequential(WrittenOutBlock(16, 48, 16), WrittenOutBlock(16, 64, 16, 5))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def make_written_out(**kw):
+    return WrittenOutV3(**kw)

@@ -13,8 +13,9 @@ from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.fusions.bn_silu import bn_affine, train_bn_act
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import activation, pure_act
+from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+from fusebench.kernels.bn_act.cpu import ACT_CODES
 
 _BC = (slice(None), None, None)                  # (C,) -> (C, 1, 1)
 SITE_NAME = "fused_bn_act"
@@ -55,23 +56,28 @@ def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
 
 @register_pattern("bn_act", benches=("train",))
 def bn_act(n, scope):
-    """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU/ReLU6/hardswish -> one Function (train or eval
-    statistics); the BN an nn.BatchNorm2d call or a subclass's F.batch_norm (timm's
-    BatchNormAct2d, whose `drop` is the identity between the two)."""
-    if N.op(n) not in (*N.ACTS, "hardsigmoid"):
+    """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU/ReLU6/hardswish (one node, or written out:
+    fx/spelled.py) -> one Function (train or eval statistics); the BN an nn.BatchNorm2d call or
+    a subclass's F.batch_norm (timm's BatchNormAct2d, whose `drop` is the identity between)."""
+    act = match_act(n) if N.op(n) in (*N.ACTS, "hardsigmoid", "mul", "div") else None
+    if act is None:
         return None
-    bn, between = N.above_identities(N.x_of(n), scope.ctx.bench)
+    bn, between = N.above_identities(N.x_of(n) if isinstance(act, str) else act.x,
+                                     scope.ctx.bench)
     call = N.batch_norm_call(bn, scope.m)
     if call is None:
         return None
-    act = activation(n)
     if isinstance(act, str):
         return Miss("bn_act", act)
     if isinstance(call, str):
         return Miss("bn_act", call)
     if not (call.module.affine and call.module.track_running_stats):
         return Miss("bn_act", N.NO_AFFINE_OR_STATS)
-    if len(bn.users) != 1:
+    # a written-out act reads its input more than once: every use must be inside it
+    inside = {n, *act.nodes} if not between else {between[-1]}
+    if not set(bn.users) <= inside:
         return Miss("bn_act", "the BatchNorm output is used elsewhere too")
-    site = bn_act_site(pure_act(*act, scope.ctx), kernel_act(*act), scope.ctx.bn_act())
-    return Hit("bn_act", n, site, (N.x_of(bn), Attr(call.path)), (bn, *between))
+    code = kernel_act(act.kind, act.approximate)
+    impl = scope.ctx.bn_act() if code in ACT_CODES else None   # quick GELU: aten's ops
+    site = bn_act_site(pure_act(act.kind, act.approximate, scope.ctx), code, impl)
+    return Hit("bn_act", n, site, (N.x_of(bn), Attr(call.path)), (bn, *between, *act.nodes))

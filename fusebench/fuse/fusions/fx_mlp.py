@@ -21,6 +21,7 @@ from fusebench.fuse.conv1x1 import channels_last, conv1x1, conv1x1_add
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fusions.fx_se import _match as se_match
 from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.ln_linear_kernel import ln_linear
 from fusebench.fuse.fx.residual import run_ops_residual
@@ -262,6 +263,19 @@ def _live_dropout(drop):
     return Miss("mlp", "a dropout with p > 0 between the activation and fc2 (training)")
 
 
+def _gates_an_se(fc2, depth: int = 6) -> bool:
+    """fc2's output becomes an SE's gate (through the sigmoid and views): SENet's Linear SE on
+    `pool(x).view(b, c)`, which the se_gate pattern takes at the multiply further down."""
+    u = N.single_user(fc2)
+    for _ in range(depth):
+        if u is None:
+            return False
+        if N.op(u) == "mul":
+            return isinstance(se_match(u), tuple)
+        u = N.single_user(u)
+    return False
+
+
 @register_pattern("mlp", benches=("train", "infer"))
 def mlp(n, scope):
     """Linear/1x1-conv -> GELU/SiLU [-> identity dropouts] -> Linear/1x1-conv [-> * gamma]
@@ -279,7 +293,8 @@ def mlp(n, scope):
     fc1 = N.fc(act.x)
     if isinstance(fc1, str) or isinstance(fc2, str):
         return Miss("mlp", next(r for r in (fc1, fc2) if isinstance(r, str)))
-    if fc1 is None or N.op(fc1.x) == "adaptive_avg_pool2d" or N.mean_dims(fc1.x):
+    if fc1 is None or N.op(fc1.x) == "adaptive_avg_pool2d" or N.mean_dims(fc1.x) \
+            or _gates_an_se(n):
         return None                     # on a pooled (N, C) vector: the squeeze-excite pattern
     if fc1.kind != fc2.kind:
         return Miss("mlp", "fc1 and fc2 are different kinds (Linear, 1x1 conv, Conv1D)")

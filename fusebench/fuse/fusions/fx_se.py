@@ -2,8 +2,9 @@
   pool:   nn.AdaptiveAvgPool2d(1) / F.adaptive_avg_pool2d(x, 1) / x.mean((2, 3), keepdim=True)
           (or without keepdim / flattened, before Linear layers)
   reduce -> SiLU/ReLU/GELU -> expand: 1x1 nn.Conv2d or nn.Linear (with biases)
-  gate:   sigmoid (module, torch.sigmoid or method) or hardsigmoid (MobileNetV3's), reshaped
-          to (N, C, 1, 1) if needed, * x.
+  gate:   sigmoid (module, torch.sigmoid or method) or hardsigmoid (MobileNetV3's; a module,
+          F.hardsigmoid or written out as relu6(e + 3) / 6), reshaped to (N, C, 1, 1) if
+          needed, * x.
 The x-sized work is the gate (the se_gate act family bound for this fuse()); the rest is
 (N, C)-sized, with reduce/expand as matrix products on the flattened weights.
 se_project (train): the same SE whose only use is a pointwise nn.Conv2d, absorbed with it (a
@@ -21,13 +22,15 @@ from fusebench.fuse.fusions.se_project import folds, se_project
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import activation, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
+from fusebench.fuse.fx.spelled import hard_sigmoid
 from fusebench.fuse.rule import computes_as
+from fusebench.kernels.act.gate import ATEN_SIXTH, EXACT_SIXTH
 
 
-def gates(ctx, hard: bool) -> Pure:
-    """The bound se_gate pair, with the hardsigmoid gate where the SE has one."""
+def gates(ctx, hard: float) -> Pure:
+    """The bound se_gate pair, with the hardsigmoid gate of that slope where the SE has one."""
     gate = ctx.act("se_gate")
-    return hard_gate(gate) if hard else gate
+    return hard_gate(gate, hard) if hard else gate
 
 
 def se_site(gate: Pure, act: Pure) -> Site:
@@ -76,14 +79,16 @@ def _reason(act, reduce, expand) -> str | None:
 
 
 def _match(n):
-    """(x, reduce, expand, (act kind, approximate), hard gate?, inner nodes) when n is
-    `x * gate(SE(x))`; a Miss (an SE no kernel here computes) or None otherwise."""
+    """(x, reduce, expand, (act kind, approximate), the hard gate's slope (0: sigmoid), inner
+    nodes) when n is `x * gate(SE(x))`; a Miss (an SE no kernel here computes) or None."""
     ab = N.operands(n) if N.op(n) == "mul" else None
     for x, gate in (ab, ab[::-1]) if ab else ():
         g = _unbroadcast(gate)
-        if N.op(g) not in ("sigmoid", "hardsigmoid") or not isinstance(x, type(n)):
+        spelled = hard_sigmoid(g)
+        hard = ATEN_SIXTH if N.op(g) == "hardsigmoid" else EXACT_SIXTH if spelled else 0.0
+        if not (N.op(g) == "sigmoid" or hard) or not isinstance(x, type(n)):
             continue
-        expand = N.x_of(g)
+        expand, written = spelled if spelled else (N.x_of(g), ())
         act_node = N.x_of(expand) if _fc(expand) is not None else None
         reduce = N.x_of(act_node) if act_node is not None else None
         if reduce is None or _fc(reduce) is None or not _squeezed(N.x_of(reduce), x):
@@ -92,8 +97,8 @@ def _match(n):
         reason = _reason(act, reduce, expand)
         if reason:
             return Miss("se_gate", reason)
-        return (x, reduce, expand, act, N.op(g) == "hardsigmoid",
-                (g, gate, expand, act_node, reduce, N.x_of(reduce)))
+        return (x, reduce, expand, act, hard,
+                (g, gate, *written, expand, act_node, reduce, N.x_of(reduce)))
     return None
 
 
@@ -130,7 +135,7 @@ def _projection(n):
     return u if is_pointwise(N.module(u)) and len(u.args) == 1 and not u.kwargs else None
 
 
-def se_project_site(gate: Pure, act: Pure, hard: bool = False) -> Site:
+def se_project_site(gate: Pure, act: Pure, hard: float = 0.0) -> Site:
     """proj(SE(x)): se_project's folded Function where it `folds`, else the SE site's
     Function and then the conv (a GEMM on channels-last). hard: `gate` is hard_gate's."""
     se = se_kernel(gate, act)

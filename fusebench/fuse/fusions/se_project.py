@@ -53,9 +53,9 @@ def _rows(x: torch.Tensor, c: int):
 
 
 @functools.cache
-def se_project_kernel(act: Pure, hard: bool = False) -> MultiOpKernel:
+def se_project_kernel(act: Pure, hard: float = 0.0) -> MultiOpKernel:
     """groups: reduce (w, b), expand (w, b), projection (w[, b]); x (N, C, H, W). hard: the
-    gate is hardsigmoid (MobileNetV3's SE), not sigmoid."""
+    gate is hardsigmoid with that slope (kernels/act/gate.py; MobileNetV3's SE), not sigmoid."""
     def fwd(x, groups):
         wp, *bp = groups[2]
         n, c, h, w = x.shape
@@ -96,7 +96,7 @@ def se_project_kernel(act: Pure, hard: bool = False) -> MultiOpKernel:
 
 
 def se_project(x, reduce: nn.Module, expand: nn.Module, proj: nn.Module, act: Pure,
-               hard: bool = False):
+               hard: float = 0.0):
     """proj(x * sigmoid(expand(act(reduce(mean(x)))))) with the gate in proj's weights
     (hard: hardsigmoid)."""
     return run_ops(se_project_kernel(act, hard), x, ((reduce.weight, reduce.bias),

@@ -308,20 +308,20 @@ std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& dy_, const at::Tens
   return {dx, db.to(bias.scalar_type())};
 }
 
-// s = sigmoid(g), or hardsigmoid(g) (hard: MobileNetV3's gate), over the (N*C) logits, and
-// ds/dg from s (kernels/act/gate.py says the same in torch for the other impls).
-at::Tensor gate_of(const at::Tensor& g, at::ScalarType acc, bool hard) {
+// s = sigmoid(g), or hardsigmoid(g) (hard != 0: MobileNetV3's gate, hard its slope inside the
+// clamps), over the (N*C) logits, and ds/dg from s (kernels/act/gate.py: the same in torch
+// for the other impls, and why the slope is a parameter).
+at::Tensor gate_of(const at::Tensor& g, at::ScalarType acc, double hard) {
   at::Tensor ga = g.to(acc).reshape({-1});
-  return (hard ? at::hardsigmoid(ga) : ga.sigmoid()).contiguous();
+  return (hard != 0 ? at::hardsigmoid(ga) : ga.sigmoid()).contiguous();
 }
 
-at::Tensor gate_grad(const at::Tensor& s, bool hard) {
-  // aten's 1.0f / 6.0f (a float constant in every dtype): the same numbers as eager
-  return hard ? at::logical_and(s > 0, s < 1).to(s.scalar_type()) * (1.0f / 6.0f) : s * (1 - s);
+at::Tensor gate_grad(const at::Tensor& s, double hard) {
+  return hard != 0 ? at::logical_and(s > 0, s < 1).to(s.scalar_type()) * hard : s * (1 - s);
 }
 
 // g is (N, C, 1, 1): one gate per plane.
-at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g, bool hard) {
+at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g, double hard) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
@@ -337,7 +337,7 @@ at::Tensor se_gate_forward(const at::Tensor& x_, const at::Tensor& g, bool hard)
 }
 
 std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor& x_,
-                                         const at::Tensor& g, bool hard) {
+                                         const at::Tensor& g, double hard) {
   const Layout l = layout_of(x_);
   at::Tensor x = like(x_, l);
   at::Tensor dy = like(dy_.to(x.scalar_type()), l);
@@ -367,8 +367,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(dx, dbias) from the saved x and bias; want_y: (dx, dbias, gelu(x + bias))",
         py::arg("dy"), py::arg("x"), py::arg("bias"), py::arg("tanh_approx"),
         py::arg("want_y") = false);
-  m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g) (hard: hardsigmoid), g (N, C, 1, 1)",
-        py::arg("x"), py::arg("g"), py::arg("hard") = false);
+  m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g) (hard != 0: hardsigmoid), g (N, C, 1, 1)",
+        py::arg("x"), py::arg("g"), py::arg("hard") = 0.0);
   m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g", py::arg("dy"),
-        py::arg("x"), py::arg("g"), py::arg("hard") = false);
+        py::arg("x"), py::arg("g"), py::arg("hard") = 0.0);
 }

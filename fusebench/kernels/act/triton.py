@@ -116,17 +116,17 @@ class BiasGELUTritonFunction(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------- SE gate
-def se_gate_triton_fwd(x, g, hard: bool = False):
+def se_gate_triton_fwd(x, g, hard: float = 0.0):
     x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
     if x.numel():
         grid, bc, bhw, strides = _grid(x)
         _kernels().se_gate_fwd_kernel[grid](x, g, y, x.shape[1], x.shape[2] * x.shape[3],
-                                            *strides, BLOCK_C=bc, BLOCK_HW=bhw, HARD=hard)
+                                            *strides, BLOCK_C=bc, BLOCK_HW=bhw, HARD=bool(hard))
     return y
 
 
-def se_gate_triton_bwd(dy, x, g, hard: bool = False):
+def se_gate_triton_bwd(dy, x, g, hard: float = 0.0):
     x, fmt = dense_layout(x)
     dy = dy.to(x.dtype).contiguous(memory_format=fmt)
     dx = torch.empty_like(x, memory_format=fmt)
@@ -136,7 +136,7 @@ def se_gate_triton_bwd(dy, x, g, hard: bool = False):
     grid, bc, bhw, strides = _grid(x)
     dotp = torch.empty((N, grid[0], C), device=x.device, dtype=torch.float32)
     _kernels().se_gate_bwd_kernel[grid](dy, x, g, dx, dotp, C, x.shape[2] * x.shape[3],
-                                        *strides, BLOCK_C=bc, BLOCK_HW=bhw, HARD=hard)
+                                        *strides, BLOCK_C=bc, BLOCK_HW=bhw, HARD=bool(hard))
     s = gate_of(g.float(), hard).view(N, C)
     dg = dotp.sum(1) * gate_grad(s, hard)                       # (N, C)
     return dx, dg.view(g.shape).to(g.dtype)

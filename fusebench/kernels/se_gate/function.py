@@ -1,5 +1,6 @@
 """SE gate: y = x * sigmoid(g), g = gate logits (N, C, 1, 1) broadcast over H, W; with
-hard=True the gate is hardsigmoid(g) = relu6(g + 3) / 6 (MobileNetV3's SE).
+hard (a slope, kernels/act/gate.py) the gate is hardsigmoid(g) = relu6(g + 3) / 6
+(MobileNetV3's SE).
 
 Four layers: se_gate_fwd / se_gate_bwd -> SEGateFunction -> se_gate -> SEGate. Saves x and the
 small g; backward is dx = dy * sigmoid(g), dg = sum_hw(dy * x) * s * (1 - s). Eager autograd
@@ -20,11 +21,11 @@ def se_gate_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return x.double() * torch.sigmoid(g.double())
 
 
-def se_gate_fwd(x: torch.Tensor, g: torch.Tensor, hard: bool = False) -> torch.Tensor:
+def se_gate_fwd(x: torch.Tensor, g: torch.Tensor, hard: float = 0.0) -> torch.Tensor:
     return x * gate_of(g, hard)
 
 
-def se_gate_bwd(dy, x, g, hard: bool = False):
+def se_gate_bwd(dy, x, g, hard: float = 0.0):
     """(dx, dg) from the saved x and g."""
     s = gate_of(g, hard)                                        # (N, C, 1, 1)
     dx = dy * s
