@@ -8,12 +8,13 @@
 Grid: models (efficientnet_b0, efficientnet_b3, convnext_atto, and convnext_official: the
 official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a user model at
 convnext_atto's depths and widths; `--models efficientnet_timm,efficientnet_hf` adds
-tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers'
-layouts at B0's widths; `--models mobilenet_v2,mobilenet_v3` adds tests/assets/
-tv_mobilenet.py, torchvision's layouts at V2 1.0's and V3-Small's widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes (eager,
-fused, compile). Each cell runs in worker processes through fusebench's runner (the
-same measurement as `fusebench run`, correctness check included); the modes of one (model,
-layout, threads) are the cells of one run, so their --repeat processes are interleaved.
+tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers' layouts at
+B0's widths; `--models mobilenet_v2,mobilenet_v3` adds tests/assets/tv_mobilenet.py,
+torchvision's layouts at V2 1.0's and V3-Small's widths) x layouts (NCHW, channels-last) x
+threads (1, 2) x modes (eager, fused, compile). Each cell runs in worker processes through
+fusebench's runner (the same measurement as `fusebench run`, correctness check included); the
+modes of one (model, layout, threads) are the cells of one run, so their --repeat processes are
+interleaved.
 
 Default size, batch 8 at 160 px, warm-up 2, 6 timed steps: the issue's "b8, 160-224 px" at
 its cheap end, so that the eager/fused cells take ~10-20 s each on the 2-vCPU VM. What costs

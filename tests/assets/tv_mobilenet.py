@@ -75,7 +75,8 @@ def _squeeze(c):                          # a quarter, rounded to a multiple of 
 class V3Block(nn.Module):
     def __init__(self, cin, k, mid, cout, se, act, stride):
         super().__init__()
-        cna = lambda i, o, kk, s=1, g=1: conv_norm_act(i, o, kk, s, g, act, 1e-3, 0.01)  # noqa: E731
+        def cna(i, o, kk, s=1, g=1):
+            return conv_norm_act(i, o, kk, s, g, act, 1e-3, 0.01)
         layers = [cna(cin, mid, 1)] if mid != cin else []
         layers.append(cna(mid, mid, k, stride, mid))
         if se:

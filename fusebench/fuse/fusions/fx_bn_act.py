@@ -1,6 +1,7 @@
 """bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU / ReLU6 / hardswish, whatever
 module or function spells the activation (torchvision's Conv2dNormActivation, a user's
-Sequential, F.relu(bn(x)), MobileNet's ReLU6 and hardswish) and the norm (an nn.BatchNorm2d, or a subclass calling F.batch_norm: timm's BatchNormAct2d).
+Sequential, F.relu(bn(x)), MobileNet's ReLU6 and hardswish) and the norm (an nn.BatchNorm2d,
+or a subclass calling F.batch_norm: timm's BatchNormAct2d).
 Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
 the BN output in backward (bn_silu's train_bn_act with the matched activation: the bn_act
 kernel where bound, else aten's sequence). Eval-mode BN (frozen

@@ -21,7 +21,7 @@ from fusebench.fuse.conv1x1 import channels_last, conv1x1, conv1x1_add
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
 from fusebench.fuse.fusions.fx_ln_linear import ln_args, ln_before
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fusions.fx_se import _match as se_match
+from fusebench.fuse.fusions.fx_se import match_se
 from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.ln_linear_kernel import ln_linear
 from fusebench.fuse.fx.residual import run_ops_residual
@@ -271,7 +271,7 @@ def _gates_an_se(fc2, depth: int = 6) -> bool:
         if u is None:
             return False
         if N.op(u) == "mul":
-            return isinstance(se_match(u), tuple)
+            return isinstance(match_se(u), tuple)
         u = N.single_user(u)
     return False
 

@@ -78,7 +78,7 @@ def _reason(act, reduce, expand) -> str | None:
     return next((r for r in (_fc(reduce), _fc(expand)) if isinstance(r, str)), None)
 
 
-def _match(n):
+def match_se(n):
     """(x, reduce, expand, (act kind, approximate), the hard gate's slope (0: sigmoid), inner
     nodes) when n is `x * gate(SE(x))`; a Miss (an SE no kernel here computes) or None."""
     ab = N.operands(n) if N.op(n) == "mul" else None
@@ -105,7 +105,7 @@ def _match(n):
 @register_pattern("se_gate", benches=("train", "infer"))
 def squeeze_excite(n, scope):
     """pool -> reduce -> act -> expand -> sigmoid -> * x (convs or Linear) -> one Function."""
-    got = _match(n)
+    got = match_se(n)
     if not isinstance(got, tuple):
         return got
     x, reduce, expand, act, hard, inner = got
@@ -118,7 +118,7 @@ def squeeze_excite_project(n, scope):
     """An SE whose only use is a pointwise conv -> one Function, the gate folded into the
     conv's weights where that pays (tried before se_gate, at the same mul node)."""
     proj = _projection(n)
-    got = _match(n) if proj is not None else None
+    got = match_se(n) if proj is not None else None
     if not isinstance(got, tuple):
         return None                    # a Miss: se_gate, tried next, reports it
     x, reduce, expand, act, hard, inner = got

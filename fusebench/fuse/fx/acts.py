@@ -1,8 +1,8 @@
 """The activation a matched node computes, and the pure fwd/bwd pair that computes exactly that.
-silu runs the act family bound for this fuse() (binding.PREFERRED); relu, relu6, hardswish
-and gelu run aten's own forward and backward ops (the same numbers as eager, inside one fused Function); quick
-GELU x*sigmoid(1.702x) runs the user's own forward ops and its derivative. `match_act` also
-reads activations written out by hand (fx/spelled.py)."""
+silu runs the act family bound for this fuse() (binding.PREFERRED); relu, relu6, hardswish and
+gelu run aten's own forward and backward ops (the same numbers as eager, inside one fused
+Function); quick GELU x*sigmoid(1.702x) runs the user's own forward ops and its derivative.
+`match_act` also reads activations written out by hand (fx/spelled.py)."""
 from __future__ import annotations
 
 import functools

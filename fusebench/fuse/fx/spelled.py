@@ -1,12 +1,12 @@
 """Activations written out by hand, matched as one activation: nanoGPT's NewGELU
 `0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))` (= GELU, approximate="tanh"), the erf form
-`x*0.5*(1+erf(x/sqrt(2)))` (= GELU, approximate="none"), `x*sigmoid(x)` (= SiLU), quick
-GELU `x*sigmoid(1.702*x)`, and MobileNetV3's from before torch had them (and timm's
-fallbacks): `x*relu6(x+3)/6` (= hardswish), and the gate
-`relu6(x+3)/6` (= hardsigmoid, `hard_sigmoid`). A product is read as its factors whatever the association or
-operand order (`0.5*x*(..)`, `x*0.5*(..)`, `(..)*(0.5*x)`), a division by a constant as a
-factor, a cube as `x**3`, `torch.pow(x, 3)` or `x*x*x`. Constants match to 1e-6 relative (a
-rounded sqrt(2/pi) is the same GELU to float precision)."""
+`x*0.5*(1+erf(x/sqrt(2)))` (= GELU, approximate="none"), `x*sigmoid(x)` (= SiLU), quick GELU
+`x*sigmoid(1.702*x)`, and MobileNetV3's from before torch had them (and timm's fallbacks):
+`x*relu6(x+3)/6` (= hardswish) and the gate `relu6(x+3)/6` (= hardsigmoid, `hard_sigmoid`). A
+product is read as its factors whatever the association or operand order (`0.5*x*(..)`,
+`x*0.5*(..)`, `(..)*(0.5*x)`), a division by a constant as a factor, a cube as `x**3`,
+`torch.pow(x, 3)` or `x*x*x`. Constants match to 1e-6 relative (a rounded sqrt(2/pi) is the same
+GELU to float precision)."""
 from __future__ import annotations
 
 import math
@@ -115,21 +115,21 @@ def _sigmoid(const: float, x, rest, seen: list) -> str | None:
     return "silu" if _close(k, 1.0) else "quick_gelu" if _close(k, QUICK_GELU) else None
 
 
-def _relu6_of_x_plus_3(n, x, seen: list) -> bool:
-    """n == relu6(x + 3), either operand order."""
+def _relu6_plus_3(n, seen: list) -> fx.Node | None:
+    """x when n == relu6(x + 3) (either operand order), else None."""
     inner = N.x_of(n) if N.op(n) == "relu6" else None
     ab = N.operands(inner) if N.op(inner) == "add" else None
-    if not ab or not ((ab[0] is x and _close(N.number(ab[1]), 3.0))
-                      or (ab[1] is x and _close(N.number(ab[0]), 3.0))):
-        return False
-    seen += [n, inner]
-    return True
+    for x, k in (ab, ab[::-1]) if ab else ():
+        if isinstance(x, fx.Node) and _close(N.number(k), 3.0):
+            seen += [n, inner]
+            return x
+    return None
 
 
 def _hardswish(const: float, x, rest, seen: list) -> str | None:
     # not x * hardsigmoid(x): autograd of it takes aten's float 1/6 (kernels/act/gate.py), a
     # few 1e-8 off hardswish's own derivative, which the kernel computes
-    return "hardswish" if _close(const, 1 / 6) and _relu6_of_x_plus_3(rest, x, seen) else None
+    return "hardswish" if _close(const, 1 / 6) and _relu6_plus_3(rest, seen) is x else None
 
 
 def hard_sigmoid(out) -> tuple[fx.Node, tuple[fx.Node, ...]] | None:
@@ -138,12 +138,8 @@ def hard_sigmoid(out) -> tuple[fx.Node, tuple[fx.Node, ...]] | None:
         return None
     seen: list = []
     const, ns = factors(out, seen)
-    if len(ns) != 1 or not _close(const, 1 / 6) or N.op(ns[0]) != "relu6":
-        return None
-    add = N.x_of(ns[0])
-    ab = N.operands(add) if N.op(add) == "add" else None
-    x = next((v for v in ab or () if isinstance(v, fx.Node)), None)
-    if x is None or not _relu6_of_x_plus_3(ns[0], x, seen):
+    x = _relu6_plus_3(ns[0], seen) if len(ns) == 1 and _close(const, 1 / 6) else None
+    if x is None:
         return None
     inner = [v for v in dict.fromkeys(seen) if v is not out]
     return (x, tuple(inner)) if _closed(out, x, inner) else None

@@ -367,8 +367,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(dx, dbias) from the saved x and bias; want_y: (dx, dbias, gelu(x + bias))",
         py::arg("dy"), py::arg("x"), py::arg("bias"), py::arg("tanh_approx"),
         py::arg("want_y") = false);
-  m.def("se_gate_forward", &se_gate_forward, "x * sigmoid(g) (hard != 0: hardsigmoid), g (N, C, 1, 1)",
-        py::arg("x"), py::arg("g"), py::arg("hard") = 0.0);
+  m.def("se_gate_forward", &se_gate_forward,
+        "x * sigmoid(g) (hard != 0: hardsigmoid), g (N, C, 1, 1)", py::arg("x"), py::arg("g"),
+        py::arg("hard") = 0.0);
   m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g", py::arg("dy"),
         py::arg("x"), py::arg("g"), py::arg("hard") = 0.0);
 }
