@@ -24,8 +24,8 @@ from fusebench.modes import get_mode
 from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import (convnext_official, hf_efficientnet, hf_gpt2, nano_gpt,  # noqa: E402
-                    timm_efficientnet, tv_efficientnet, tv_mobilenet)
+from assets import (convnext_official, hf_efficientnet, hf_gpt2, llama,  # noqa: E402
+                    nano_gpt, timm_efficientnet, tv_efficientnet, tv_mobilenet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -42,6 +42,14 @@ def tokens():
                           generator=torch.Generator().manual_seed(1)),)
 
 
+def llama_tokens():
+    return (torch.randint(0, llama.VOCAB, (2, llama.CONTEXT),
+                          generator=torch.Generator().manual_seed(1)),)
+
+
+LLAMA = {"rms_norm": 5, "glu_mlp": 2}
+
+
 # every SE's H*W >= its projection's channels at 32 px: all fold into the projection;
 # the expand convs and the head's: pointwise convs no other site took (conv1x1);
 # the projections' BNs without an activation (bn_train)
@@ -54,6 +62,11 @@ ASSETS = {
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
     # Conv1D: addmm on a weight stored (in, out), between two views
     "hf_gpt2": (hf_gpt2.make, tokens, {"mlp": 2}),
+    # RMSNorm written out (HF: casts to float32 and back; Meta: .float() / .type_as) or
+    # nn.RMSNorm, SwiGLU MLPs; the attention (RoPE slicing by a traced length) is not traced
+    "llama_hf": (llama.make, llama_tokens, LLAMA),
+    "llama_meta": (llama.make_meta, llama_tokens, LLAMA),
+    "llama_torch_rmsnorm": (llama.make_torch_rmsnorm, llama_tokens, LLAMA),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        EFFNET),
@@ -82,11 +95,11 @@ ASSETS = {
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
 KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se_gate[",
-                 "se_project": "se_project[", "bn_train": "bn_train["}
+                 "se_project": "se_project[", "bn_train": "bn_train[", "glu_mlp": "glu_mlp["}
 SITE_NAME = {"se_gate": "fused_se"}
 
 
-BY_CALLS = ("ln2d", "conv1x1")     # sites without a MultiOpFunction: counted by site calls
+BY_CALLS = ("ln2d", "conv1x1", "rms_norm")   # sites without a MultiOpFunction: site calls
 
 
 def runs(expected: dict) -> dict:
@@ -629,6 +642,7 @@ def test_parameters_are_read_at_call_time():
 
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+               **dict.fromkeys(("llama_hf", "llama_meta", "llama_torch_rmsnorm"), LLAMA),
                "nano_gpt_new_gelu": {"mlp": 2}, "hf_gpt2": {"mlp": 2},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
@@ -877,3 +891,161 @@ def test_a_pointwise_conv_into_batch_norm_is_a_conv1x1_site(layout, site_calls):
     assert result.sites["conv1x1"] == 2, result.sites
     assert_matches_eager(model, ref, (image().contiguous(memory_format=layout),))
     assert site_calls["fused_conv1x1"] == 2
+
+
+# --- LLaMA's pieces: RMSNorm spellings and gated (GLU) MLPs ---------------------------------
+class T5RMSNorm(nn.Module):            # casts only the squared x; x / sqrt(...) form
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        ms = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return self.weight * (x / torch.sqrt(ms + 1e-6))
+
+
+class FunctionalRMSNorm(nn.Module):    # F.rms_norm on the module's own weight; nn default eps
+    def __init__(self, c):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.w)
+
+
+class SquaredByMul(nn.Module):         # torch.mean(x * x, dim=-1), weight on the right
+    def __init__(self, c):
+        super().__init__()
+        self.g = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + 1e-5) * self.g
+
+
+RMS_SPELLINGS = {"hf": lambda c: llama.HFRMSNorm(c), "meta": lambda c: llama.MetaRMSNorm(c),
+                 "torch": lambda c: nn.RMSNorm(c), "t5": T5RMSNorm,
+                 "functional": FunctionalRMSNorm, "squared_by_mul": SquaredByMul}
+
+
+def _rms_nodes(y) -> int:
+    return sum(type(n).__name__ == "RMSNormCpuFunctionBackward" for n in autograd_nodes(y))
+
+
+@pytest.mark.parametrize("name", sorted(RMS_SPELLINGS))
+def test_each_rms_norm_spelling_is_one_site_running_the_kernel(name, site_calls):
+    """float32 against a float64 reference of the same module: one site, the C++ kernel ran
+    (its autograd node is in the graph), forward and gradients within float32 rounding."""
+    torch.manual_seed(0)
+    model = RMS_SPELLINGS[name](24).train()
+    with torch.no_grad():
+        model.get_parameter(next(n for n, _ in model.named_parameters())).uniform_(0.5, 1.5)
+    ref = copy.deepcopy(model).double()
+    assert dict(fuse(model, "train").sites) == {"rms_norm": 1}
+    x = 3 * torch.randn(2, 5, 24)
+    xr = x.double().requires_grad_()
+    y = model(x.requires_grad_())
+    assert _rms_nodes(y) == 1 and site_calls["fused_rms_norm"] == 1
+    y.backward(torch.ones_like(y))
+    yr = ref(xr)
+    yr.backward(torch.ones_like(yr))
+    torch.testing.assert_close(y.double(), yr, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=2e-5, rtol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, atol=1e-4, rtol=1e-5)
+
+
+def test_a_float64_x_under_float32_casts_computes_what_the_user_wrote(site_calls):
+    """HF's spelling computes in float32 even for a float64 model: the site runs that spelling
+    (the kernel would be float64 throughout), bit for bit as eager."""
+    model = llama.HFRMSNorm(16).double()
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    y = model(x)
+    assert _rms_nodes(y) == 0 and site_calls["fused_rms_norm"] == 1
+    assert torch.equal(y, ref(x))
+
+
+class Unweighted(nn.Module):           # no weight, and Gemma's (1 + w)
+    def __init__(self, c):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(c))
+
+    def forward(self, x):
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return n + n * (1.0 + self.w)
+
+
+def test_an_rms_norm_without_a_weight_multiply_is_a_reason():
+    log_notes = fuse(Unweighted(8), "train").notes
+    assert any(cat == "not_fused" and "rms_norm: 1 candidate(s)" in msg
+               and "no 1-D weight Parameter" in msg for cat, msg in log_notes), log_notes
+    r = fuse(nn.Sequential(nn.RMSNorm(8, elementwise_affine=False)), "train")
+    assert not r.sites and any("elementwise_affine=False" in m for _, m in r.notes)
+
+
+class GluMlp(nn.Module):               # act(gate(x)) * up(x) -> down, any operand order
+    def __init__(self, c, act, bias=False, up_first=False):
+        super().__init__()
+        self.gate, self.up = nn.Linear(c, 3 * c, bias=bias), nn.Linear(c, 3 * c, bias=bias)
+        self.down, self.act, self.up_first = nn.Linear(3 * c, c, bias=bias), act, up_first
+
+    def forward(self, x):
+        g, u = self.act(self.gate(x)), self.up(x)
+        return x + self.down(u * g if self.up_first else g * u)
+
+
+GLU_ACTS = {"swiglu": (nn.SiLU(), "silu"), "geglu": (nn.GELU(), "gelu"),
+            "geglu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "gelu_tanh"),
+            "reglu": (F.relu, "relu"),
+            "swiglu_written": (lambda x: x * torch.sigmoid(x), "silu")}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("name", sorted(GLU_ACTS))
+def test_gated_mlps_are_one_site_with_the_residual_folded(name, bias, site_calls):
+    act, kind = GLU_ACTS[name]
+    torch.manual_seed(0)
+    model = GluMlp(8, act, bias, up_first=name == "reglu").double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"glu_mlp": 1}
+    y = assert_matches_eager(model, ref, (torch.randn(2, 5, 8, dtype=torch.float64),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert names == [f"glu_mlp[{kind},cpu]"]
+    assert [type(n).__name__ for n in autograd_nodes(y)].count("ResidualOpFunctionBackward") == 1
+
+
+def test_a_gated_mlp_the_kernels_do_not_compute_is_a_reason():
+    r = fuse(GluMlp(8, nn.Hardswish()), "train")
+    assert not r.sites.get("glu_mlp")
+    assert any("glu_mlp" in m and "activation hardswish" in m for _, m in r.notes), r.notes
+
+
+class GluMlpTapped(GluMlp):            # the gate's activation is also returned
+    def forward(self, x):
+        g = self.act(self.gate(x))
+        return self.down(g * self.up(x)), g
+
+
+def test_a_gated_mlp_whose_gate_is_used_elsewhere_is_a_reason():
+    r = fuse(GluMlpTapped(8, nn.SiLU()), "train")
+    assert not r.sites.get("glu_mlp")
+    assert any("glu_mlp" in m and "used elsewhere" in m for _, m in r.notes), r.notes
+
+
+def test_the_glu_mlp_saves_x_and_the_two_projections_only():
+    """Eager keeps silu(a) and the product as well: two hidden-sized tensors per MLP."""
+    from fusebench.measure.memory import SavedTensorBytes
+    torch.manual_seed(0)
+    model = llama.MLP(32, 96)
+    fused = copy.deepcopy(model)
+    fuse(fused, "train")
+    x = torch.randn(4, 16, 32, requires_grad=True)
+    saved = {}
+    for name, m in (("eager", model), ("fused", fused)):
+        counter = SavedTensorBytes(exclude=[x, *m.parameters()])
+        with counter.track():
+            m(x)
+        saved[name] = counter.bytes
+    hidden = 4 * 16 * 96 * 4
+    assert saved == {"eager": 4 * hidden, "fused": 2 * hidden}

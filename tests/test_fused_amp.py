@@ -28,7 +28,8 @@ def _zoo(name: str, px: int):
 CASES = {"efficientnet_b0": _zoo("efficientnet_b0", 64), "convnext_atto": _zoo("convnext_atto", 64),
          **{n: (f, x) for n, (f, x, _) in ASSETS.items() if n in
             ("convnext_official", "nano_gpt", "tv_efficientnet", "timm_efficientnet",
-             "hf_gpt2", "hf_efficientnet", "tv_mobilenet_v2", "tv_mobilenet_v3")}}
+             "hf_gpt2", "hf_efficientnet", "tv_mobilenet_v2", "tv_mobilenet_v3",
+             "llama_hf", "llama_torch_rmsnorm")}}
 
 
 def _step(model, inputs, amp: bool, channels_last: bool):
@@ -94,6 +95,17 @@ def test_triton_kernels_under_autocast(monkeypatch):
     ran = _check("tv_efficientnet", impls)
     assert any("bn_act_triton" in n for n in ran), ran
     assert any("SEGateTriton" in n or "triton" in n for n in ran if "bn_act" not in n), ran
+
+
+def test_triton_llama_kernels_under_autocast(monkeypatch):
+    """The rms_norm and glu Triton kernels (fused mode's CUDA binding), interpreted on CPU,
+    inside a LLaMA-like step under bf16 autocast."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    ran = _check("llama_torch_rmsnorm", {"glu": "triton", "rms_norm": "triton"})
+    assert "glu_mlp[silu,triton]" in ran, ran
+    assert "RMSNormTritonFunctionBackward" in ran, ran
 
 
 # --- the BN + activation kernel by name: --fused-bn-act -------------------------------------

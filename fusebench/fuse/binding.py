@@ -7,7 +7,8 @@ so each act impl is listed with its pair, in one call convention:
   bwd(dy, x, g[, hard]) -> (dx, dg) (hard: a hardsigmoid gate's slope, `hard_gate`);
   bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db), and
   bwd_y(dy, x, b, approximate) -> (dx, db, y): the backward that also recomputes y (the MLP's
-  fc2 weight gradient needs it) from the same read of x, one exp per value for both."""
+  fc2 weight gradient needs it) from the same read of x, one exp per value for both;
+  glu: fwd(a, b, act) -> act(a) * b, bwd(dp, a, b, act, want_p) -> (da, db[, act(a) * b])."""
 from __future__ import annotations
 
 import functools
@@ -24,6 +25,7 @@ from fusebench.kernels.bn_act import cpu as bn_act_cpu
 from fusebench.kernels.bn_act import triton as bn_act_triton
 from fusebench.kernels.ln2d import auto as ln2d_auto
 from fusebench.kernels.ln2d import cpu as ln2d_cpu
+from fusebench.kernels.rms_norm import cpu as rms_norm_cpu
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Pure:
 def _function_pairs() -> dict[str, tuple[Callable, ...]]:
     # looked up when bound, not at import, so a spy on the family module sees the calls
     out = {}
-    for family in ("silu", "se_gate", "bias_gelu"):
+    for family in ("silu", "se_gate", "bias_gelu", "glu"):
         mod = importlib.import_module(f"fusebench.kernels.{family}.function")
         out[family] = (getattr(mod, f"{family}_fwd"), getattr(mod, f"{family}_bwd"))
     out["bias_gelu"] += (functools.partial(out["bias_gelu"][1], want_y=True),)
@@ -45,8 +47,10 @@ def _function_pairs() -> dict[str, tuple[Callable, ...]]:
 
 
 def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
+    from fusebench.kernels.glu import native as glu_native
     ext, d = act_cpu.extension(), act_cpu.dense
-    return {"silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
+    return {"glu": (glu_native.glu_cpu_fwd, glu_native.glu_cpu_bwd),
+            "silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
             "se_gate": (lambda x, g, hard=0.0: ext.se_gate_forward(d(x), g, hard),
                         lambda dy, x, g, hard=0.0: tuple(ext.se_gate_backward(dy, x, g, hard))),
             "bias_gelu": (lambda x, b, a: ext.bias_gelu_forward(d(x), b, a == "tanh"),
@@ -58,7 +62,8 @@ def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
 
 def _triton_pairs() -> dict[str, tuple[Callable, ...]]:
     tr = act_triton
-    return {"silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
+    return {"glu": (tr.glu_triton_fwd, tr.glu_triton_bwd),
+            "silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
             "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
             "bias_gelu": (lambda x, b, a: tr.bias_gelu_triton_fwd(x, b, a == "tanh"),
                           lambda dy, x, b, a: tr.bias_gelu_triton_bwd(dy, x, b, a == "tanh"),
@@ -100,8 +105,13 @@ def _by_layout(cl: Pure, nchw: Pure) -> Pure:
 # (one-pass backward); the C++ silu backward is slower than aten's, so "function"; the C++
 # bias_gelu pays on channels-last x (what the MLP sees after the LN2d kernel) but not on NCHW:
 # "a|b" runs a on channels-last x and b otherwise.
-PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton"},
-             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function"}}
+# glu (SwiGLU's silu(a) * b): the C++ kernel, one pass per direction against aten's two forward
+# and three backward passes, 1.5-1.6x fwd+bwd (benchmarks/llama_parts.py); CUDA: Triton, not
+# yet timed there.
+PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton",
+                      "glu": "triton"},
+             "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function",
+                     "glu": "cpu"}}
 FALLBACK_IMPL = "function"
 
 
@@ -148,6 +158,30 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
     if name == "cpu":   # the kernel as an autograd.Function: no custom-op dispatch per call
         fn = functools.partial(ln2d_cpu.ln2d_cpu_function, channels_last_out=True)
     notes.append(("info", f"ln2d: kernel = '{name}'"))
+    return name, fn
+
+
+# cpu: one read of x per direction, 3.6-3.9x aten's F.rms_norm fwd+bwd at (8, 256, 256), 1 and
+# 2 threads (benchmarks/llama_parts.py, docs/fused.md). CUDA: the Triton kernel, not yet timed
+# against aten there.
+RMS_NORM_PREFERRED = {"cuda": "triton", "cpu": "cpu"}
+
+
+def resolve_rms_norm(device: str, notes: list, impl: str | None = None) -> tuple[str, Callable]:
+    """(impl name, fn(x, weight, eps)) for the rms_norm sites of this fuse(), or `function` with a
+    kernel_fallback note when the preferred one cannot run here. cpu runs as an
+    autograd.Function (RMSNormCpuFunction): no custom-op dispatch per call."""
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or RMS_NORM_PREFERRED[device_type]
+    ok, reason = get_impl("rms_norm", name).available(str(device))
+    if ok and name == "cpu":
+        ok, reason = rms_norm_cpu.build()        # a compile error shows up here, not mid-step
+    if not ok:
+        notes.append(("kernel_fallback", f"rms_norm '{name}' unavailable ({reason}); "
+                                         f"ran '{FALLBACK_IMPL}' instead"))
+        name = FALLBACK_IMPL
+    notes.append(("info", f"rms_norm: kernel = '{name}'"))
+    fn = rms_norm_cpu.rms_norm_cpu_function if name == "cpu" else get_impl("rms_norm", name).fn
     return name, fn
 
 

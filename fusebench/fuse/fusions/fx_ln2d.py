@@ -83,22 +83,6 @@ def permuted_layer_norm(n, scope):
     return Hit("ln2d", n, ln2d_site(scope.ctx, eps, True), (x, Attr(w), Attr(b)), (view,))
 
 
-def _pair(n, name):
-    """Both orders of a commutative op's operands, or ()."""
-    if N.op(n) != name:
-        return ()
-    ab = N.operands(n)
-    return (ab, ab[::-1]) if ab else ()
-
-
-def _square_of(n):
-    """x of `x ** 2` / `x.pow(2)` / `x * x`."""
-    if N.op(n) == "pow" and N.number(N.arg(n, 1, "exponent")) == 2.0:
-        return N.x_of(n)
-    ab = N.operands(n) if N.op(n) == "mul" else None
-    return ab[0] if ab and ab[0] is ab[1] else None
-
-
 def _centered(n, x, u) -> bool:
     return N.op(n) == "sub" and N.operands(n) == (x, u)
 
@@ -106,11 +90,11 @@ def _centered(n, x, u) -> bool:
 def _variance(s, x, u) -> bool:
     """s = mean_c((x-u)^2) (two-pass) or mean_c(x^2) - u^2 (one pass)."""
     if N.is_channel_mean(s):
-        d = _square_of(N.x_of(s))
+        d = N.square_of(N.x_of(s))
         return d is not None and _centered(d, x, u)
     ab = N.operands(s) if N.op(s) == "sub" else None
-    return bool(ab) and N.is_channel_mean(ab[0]) and _square_of(N.x_of(ab[0])) is x \
-        and _square_of(ab[1]) is u
+    return bool(ab) and N.is_channel_mean(ab[0]) and N.square_of(N.x_of(ab[0])) is x \
+        and N.square_of(ab[1]) is u
 
 
 def _inv_std(n, s_ok):
@@ -118,7 +102,7 @@ def _inv_std(n, s_ok):
     op = N.op(n)
     if op not in ("sqrt", "rsqrt"):
         return None
-    for s, eps in _pair(N.x_of(n), "add"):
+    for s, eps in N.commuted(N.x_of(n), "add"):
         if N.number(eps) is not None and s_ok(s):
             return op, N.number(eps)
     return None
@@ -129,7 +113,7 @@ def _normalized(n):
     op = N.op(n)
     if op not in ("div", "mul"):
         return None
-    for d, inv in ([N.operands(n)] if op == "div" else _pair(n, "mul")):
+    for d, inv in ([N.operands(n)] if op == "div" else N.commuted(n, "mul")):
         if N.op(d) != "sub":
             continue
         x, u = N.operands(d)
@@ -144,9 +128,9 @@ def _normalized(n):
 @register_pattern("ln2d_expr", benches=("train", "infer"))
 def layer_norm_expression(n, scope):
     """w * (x - mean_c) / std + b written out (two-pass or E[x^2]-E[x]^2) -> the LN2d kernel."""
-    for scaled, b_node in _pair(n, "add"):
+    for scaled, b_node in N.commuted(n, "add"):
         b = N.channel_param(b_node)
-        for w_node, normed in _pair(scaled, "mul") if b else ():
+        for w_node, normed in N.commuted(scaled, "mul") if b else ():
             w, got = N.channel_param(w_node), _normalized(normed)
             if w and got:
                 x, eps, _ = got

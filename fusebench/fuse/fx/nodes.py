@@ -27,16 +27,18 @@ FUNCTIONS = {
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
     torch.tanh: "tanh", torch.erf: "erf", torch.special.erf: "erf",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
-    F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish", F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+    F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish",
+    F.adaptive_avg_pool2d: "adaptive_avg_pool2d", F.rms_norm: "rms_norm",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
-           "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze"}
+           "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
+           "to", "float", "type_as"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
-    nn.Identity: "identity",
+    nn.Identity: "identity", nn.RMSNorm: "rms_norm",
 }
 ACTS = ("silu", "relu", "gelu", "relu6", "hardswish")   # activations with a fused kernel here
 
@@ -141,6 +143,22 @@ def operands(n) -> tuple | None:
     a = n.args[0] if n.args else None
     b = arg(n, 1, "other")
     return (a, b) if a is not None and b is not None else None
+
+
+def commuted(n, name: str) -> tuple:
+    """Both orders of a commutative op's operands when n is op `name`, else ()."""
+    if op(n) != name:
+        return ()
+    ab = operands(n)
+    return (ab, ab[::-1]) if ab else ()
+
+
+def square_of(n):
+    """x of `x ** 2` / `x.pow(2)` / `x * x`."""
+    if op(n) == "pow" and number(arg(n, 1, "exponent")) == 2.0:
+        return x_of(n)
+    ab = operands(n) if op(n) == "mul" else None
+    return ab[0] if ab and ab[0] is ab[1] else None
 
 
 def number(v) -> float | None:

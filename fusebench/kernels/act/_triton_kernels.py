@@ -122,3 +122,48 @@ def se_gate_bwd_kernel(DY, X, G, DX, DOTp, C, HW, stride_n, stride_c, stride_hw,
     # partial sum_hw(dy * x) of sample n: DOTp is (N, programs along HW, C)
     row = n * tl.num_programs(0) + pid_hw
     tl.store(DOTp + row * C + cs, tl.sum(dy * x, axis=1), mask=cm)
+
+
+# GLU gates: p = act(a) * b, elementwise over two contiguous tensors. ACT: 0 silu, 1 relu,
+# 2 gelu (erf), 3 gelu (tanh): cpu_math.h's codes.
+@triton.jit
+def _glu_act(z, ACT: tl.constexpr):
+    if ACT == 0:
+        return z * tl.sigmoid(z)
+    if ACT == 1:
+        return tl.where(z > 0, z, 0.0)
+    return _gelu(z, ACT == 3)
+
+
+@triton.jit
+def _glu_act_grad(z, ACT: tl.constexpr):
+    if ACT == 0:
+        s = tl.sigmoid(z)
+        return s * (1.0 + z * (1.0 - s))
+    if ACT == 1:
+        return tl.where(z > 0, 1.0, 0.0)
+    return _gelu_grad(z, ACT == 3)
+
+
+@triton.jit
+def glu_fwd_kernel(A, B, P, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(A + offs, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(P + offs, (_glu_act(a, ACT) * b).to(P.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def glu_bwd_kernel(DP, A, B, DA, DB, P, n, ACT: tl.constexpr, WANT_P: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(A + offs, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(DP + offs, mask=m, other=0.0).to(tl.float32)
+    s = _glu_act(a, ACT)
+    tl.store(DA + offs, (g * b * _glu_act_grad(a, ACT)).to(DA.dtype.element_ty), mask=m)
+    tl.store(DB + offs, (g * s).to(DB.dtype.element_ty), mask=m)
+    if WANT_P:
+        tl.store(P + offs, (s * b).to(P.dtype.element_ty), mask=m)

@@ -1,5 +1,6 @@
-// Activation kernels on CPU: memory-efficient SiLU, SE gate, bias + GELU; forward + backward,
-// each one pass over memory (read x [and dy], write the output), OpenMP via at::parallel_for.
+// Activation kernels on CPU: memory-efficient SiLU, SE gate, bias + GELU, GLU gates; forward +
+// backward, each one pass over memory (read x [and dy], write the output), OpenMP via
+// at::parallel_for.
 //
 // Layout: x is NCHW-contiguous or channels-last-contiguous (the Python side makes anything else
 // contiguous and gives dy x's layout). NCHW: a task is one (n, c) plane of H*W values with a
@@ -19,6 +20,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -234,6 +237,29 @@ void se_gate_bwd_k(const T* dy, const T* x, const A* s, T* dx, A* part, int64_t 
   }
 }
 
+// GLU gates (SwiGLU, GeGLU, ReGLU): p = act(a) * b over two same-shaped contiguous tensors,
+// the MLP's gate and up projections. Backward reads dp, a and b once and writes da, db and,
+// for the down projection's weight gradient, p itself: a pass fewer than recomputing it.
+template <typename T, typename A, typename F>
+void glu_span(const T* __restrict a, const T* __restrict b, T* __restrict p, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = static_cast<T>(F::f(static_cast<A>(a[i])) * static_cast<A>(b[i]));
+}
+
+template <typename T, typename A, typename F, bool kWantP>
+void glu_grad_span(const T* __restrict dp, const T* __restrict a, const T* __restrict b,
+                   T* __restrict da, T* __restrict db, T* __restrict p, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const A z = static_cast<A>(a[i]), g = static_cast<A>(dp[i]), bv = static_cast<A>(b[i]);
+    const A s = F::f(z);
+    da[i] = static_cast<T>(g * bv * F::d(z));
+    db[i] = static_cast<T>(g * s);
+    if constexpr (kWantP) p[i] = static_cast<T>(s * bv);
+  }
+}
+
 template <typename T> using Acc = typename AccOf<T>::type;
 template <typename T> c10::ScalarType acc_type() { return c10::CppTypeToScalarType<Acc<T>>::value; }
 
@@ -357,6 +383,66 @@ std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor
   return {dx, dg.to(g.scalar_type())};
 }
 
+// ---------------------------------------------------------------- GLU entry points
+std::pair<at::Tensor, at::Tensor> glu_inputs(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.sizes() == b.sizes(), "glu cpu: a and b shapes differ: ", a.sizes(), " vs ",
+              b.sizes());
+  TORCH_CHECK(a.device().is_cpu(), "glu cpu: CPU tensors only, got ", a.device());
+  at::Tensor ac = a.contiguous();
+  return {ac, b.to(ac.scalar_type()).contiguous()};
+}
+
+at::Tensor glu_forward(const at::Tensor& a_, const at::Tensor& b_, int64_t act) {
+  auto [a, b] = glu_inputs(a_, b_);
+  at::Tensor p = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, a.scalar_type(), "glu_forward", [&] {
+    using T = scalar_t;
+    const T* ap = a.const_data_ptr<T>();
+    const T* bp = b.const_data_ptr<T>();
+    T* pp = p.mutable_data_ptr<T>();
+    with_act(act, [&](auto f) {
+      using F = decltype(f);
+      at::parallel_for(0, a.numel(), kGrainElems, [&](int64_t i0, int64_t i1) {
+        glu_span<T, Acc<T>, F>(ap + i0, bp + i0, pp + i0, i1 - i0);
+      });
+    });
+  });
+  return p;
+}
+
+// (da, db) or, want_p, (da, db, act(a) * b)
+std::vector<at::Tensor> glu_backward(const at::Tensor& dp_, const at::Tensor& a_,
+                                     const at::Tensor& b_, int64_t act, bool want_p) {
+  auto [a, b] = glu_inputs(a_, b_);
+  TORCH_CHECK(dp_.sizes() == a.sizes(), "glu cpu: dp and a shapes differ");
+  at::Tensor dp = dp_.to(a.scalar_type()).contiguous();
+  at::Tensor da = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
+  at::Tensor db = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
+  at::Tensor p = want_p ? fusebench::empty_output(a, at::MemoryFormat::Contiguous) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, a.scalar_type(), "glu_backward", [&] {
+    using T = scalar_t;
+    const T* dpp = dp.const_data_ptr<T>();
+    const T* ap = a.const_data_ptr<T>();
+    const T* bp = b.const_data_ptr<T>();
+    T* dap = da.mutable_data_ptr<T>();
+    T* dbp = db.mutable_data_ptr<T>();
+    T* pp = want_p ? p.mutable_data_ptr<T>() : nullptr;
+    with_act(act, [&](auto f) {
+      using F = decltype(f);
+      at::parallel_for(0, a.numel(), kGrainElems, [&](int64_t i0, int64_t i1) {
+        if (want_p)
+          glu_grad_span<T, Acc<T>, F, true>(dpp + i0, ap + i0, bp + i0, dap + i0, dbp + i0,
+                                            pp + i0, i1 - i0);
+        else
+          glu_grad_span<T, Acc<T>, F, false>(dpp + i0, ap + i0, bp + i0, dap + i0, dbp + i0,
+                                             nullptr, i1 - i0);
+      });
+    });
+  });
+  if (want_p) return {da, db, p};
+  return {da, db};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -372,4 +458,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("hard") = 0.0);
   m.def("se_gate_backward", &se_gate_backward, "(dx, dg) from the saved x and g", py::arg("dy"),
         py::arg("x"), py::arg("g"), py::arg("hard") = 0.0);
+  m.def("glu_forward", &glu_forward, "act(a) * b (act: cpu_math.h's ActCode)", py::arg("a"),
+        py::arg("b"), py::arg("act"));
+  m.def("glu_backward", &glu_backward, "(da, db) from the saved a and b; want_p: also act(a)*b",
+        py::arg("dp"), py::arg("a"), py::arg("b"), py::arg("act"), py::arg("want_p") = false);
 }

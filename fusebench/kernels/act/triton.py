@@ -173,3 +173,38 @@ def bias_gelu_triton(x, bias, approximate: str = "none"):
     _check("bias_gelu", x)
     check_bias_gelu(x, bias, approximate)
     return BiasGELUTritonFunction.apply(x, bias.contiguous(), approximate)
+
+
+# ------------------------------------------------------------------------------- GLU gates
+GLU_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}   # _triton_kernels' ACT
+
+
+def _pair_dense(a, b):
+    if a.shape != b.shape:
+        raise ValueError(f"glu triton: a and b shapes differ: {tuple(a.shape)} vs "
+                         f"{tuple(b.shape)}")
+    if a.dtype not in DTYPES:
+        raise TypeError(f"glu triton: unsupported dtype {a.dtype}")
+    a = a.contiguous()
+    return a, b.to(a.dtype).contiguous()
+
+
+def glu_triton_fwd(a, b, act: str = "silu"):
+    a, b = _pair_dense(a, b)
+    p = torch.empty_like(a)
+    if a.numel():
+        _kernels().glu_fwd_kernel[(triton_cdiv(a.numel(), BLOCK),)](
+            a, b, p, a.numel(), ACT=GLU_CODES[act], BLOCK=BLOCK)
+    return p
+
+
+def glu_triton_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
+    """(da, db), or (da, db, act(a) * b) with want_p."""
+    a, b = _pair_dense(a, b)
+    dp = dp.to(a.dtype).contiguous()
+    da, db = torch.empty_like(a), torch.empty_like(a)
+    p = torch.empty_like(a) if want_p else da           # not written when not wanted
+    if a.numel():
+        _kernels().glu_bwd_kernel[(triton_cdiv(a.numel(), BLOCK),)](
+            dp, a, b, da, db, p, a.numel(), ACT=GLU_CODES[act], WANT_P=want_p, BLOCK=BLOCK)
+    return (da, db, p) if want_p else (da, db)

@@ -1,0 +1,119 @@
+"""LLaMA's fused pieces on CPU: the rms_norm and glu kernels against aten, and a LLaMA-style train
+step eager vs fused mode, side by side in one process.
+
+    python benchmarks/llama_parts.py --threads 2          # ~2 min on the 2-vCPU VM
+    python benchmarks/llama_parts.py --threads 1 --rounds 20
+
+Kernels: forward + backward of each impl at the bench model's shapes (8 x 256 tokens, width 256,
+MLP hidden 688), interleaved, medians of --reps; ratio = eager's time / the impl's.
+Step: tests/assets/llama.py at size "bench" (HF's RMSNorm spelling, SwiGLU MLPs), fused by
+fusebench.fuse, the two models' steps (forward, cross-entropy, backward) alternating for
+--rounds rounds after a warm-up; per-round eager/fused ratios, their median and a 95% bootstrap
+interval (scipy.stats.bootstrap), and the bytes each step saves for backward.
+Measure on a quiet machine: the script prints the 1-minute load before and after."""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from assets import llama  # noqa: E402
+
+from fusebench.fuse import fuse  # noqa: E402
+from fusebench.kernels import get_impl  # noqa: E402
+from fusebench.measure.memory import SavedTensorBytes  # noqa: E402
+
+TOKENS, WIDTH, HIDDEN = (8, 256), 256, 688
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def kernels(reps: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*TOKENS, WIDTH, generator=g, requires_grad=True)
+    w = torch.ones(WIDTH, requires_grad=True)
+    a, b = (torch.randn(*TOKENS, HIDDEN, generator=g, requires_grad=True) for _ in range(2))
+    cases = {"rms_norm": (("naive", "eager", "function", "cpu"),
+                          lambda f: f(x, w, 1e-6), torch.randn(*TOKENS, WIDTH)),
+             "glu": (("eager", "function", "cpu"), lambda f: f(a, b),
+                     torch.randn(*TOKENS, HIDDEN))}
+    for family, (impls, call, dy) in cases.items():
+        fns = {n: get_impl(family, n).fn for n in impls}
+        times = {n: [] for n in impls}
+        for _ in range(3 + reps):
+            for n, f in fns.items():                      # interleaved: drift hits all alike
+                times[n].append(_timed(lambda: call(f).backward(dy)))
+        med = {n: statistics.median(t[3:]) * 1e3 for n, t in times.items()}
+        row = ", ".join(f"{n} {m:.3f} ms ({med['eager'] / m:.2f}x)" for n, m in med.items())
+        print(f"{family} fwd+bwd {tuple(dy.shape)}: {row}")
+
+
+def _step(model, idx):
+    out = model(idx)
+    F.cross_entropy(out.view(-1, out.shape[-1]), idx.view(-1)).backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def _saved_bytes(model, idx) -> int:
+    counter = SavedTensorBytes(exclude=list(model.parameters()))
+    with counter.track():
+        out = model(idx)
+    del out
+    return counter.bytes
+
+
+def step(rounds: int) -> None:
+    from scipy import stats
+    torch.manual_seed(0)
+    eager = llama.make(size="bench")
+    fused = copy.deepcopy(eager)
+    sites = fuse(fused, "train").sites
+    idx = torch.randint(0, eager.vocab, (TOKENS[0], eager.context))
+    for _ in range(3):
+        _step(eager, idx)
+        _step(fused, idx)
+    te, tf = [], []
+    for _ in range(rounds):
+        te.append(_timed(lambda: _step(eager, idx)))
+        tf.append(_timed(lambda: _step(fused, idx)))
+    ratios = [e / f for e, f in zip(te, tf)]
+    ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
+                         random_state=0).confidence_interval
+    be, bf = _saved_bytes(eager, idx), _saved_bytes(fused, idx)
+    print(f"step (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
+          f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {statistics.median(ratios):.3f}x "
+          f"[{ci.low:.3f}, {ci.high:.3f}] over {rounds} rounds; saved for backward "
+          f"{be / 2**20:.1f} vs {bf / 2**20:.1f} MiB ({bf / be:.2f}x)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=12)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}; load {os.getloadavg()[0]:.2f}")
+    kernels(args.reps)
+    step(args.rounds)
+    print(f"load after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""GLU gate p = act(a) * b in plain torch ops: glu_fwd / glu_bwd (pure, no autograd node of
+their own: the fused MLP's Function and the tests share them) -> GLUFunction, which saves a and
+b only. Autograd of `F.silu(a) * b` keeps a, silu(a) and b alive for backward."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fusebench.kernels.registry import register_impl
+
+ACTS = ("silu", "relu", "gelu", "gelu_tanh")
+
+
+def _act(a, act: str):
+    if act == "silu":
+        return F.silu(a)
+    if act == "relu":
+        return torch.relu(a)
+    return F.gelu(a, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+def _act_bwd(g, a, act: str):
+    """g * act'(a), in aten's own backward ops (the same numbers as eager's autograd)."""
+    if act == "silu":
+        return torch.ops.aten.silu_backward(g, a)
+    if act == "relu":
+        return torch.ops.aten.threshold_backward(g, a, 0)
+    return torch.ops.aten.gelu_backward(g, a, approximate="tanh" if act == "gelu_tanh"
+                                        else "none")
+
+
+def glu_reference(a, b, act: str = "silu"):
+    """float64 ground truth."""
+    return _act(a.double(), act) * b.double()
+
+
+def glu_fwd(a, b, act: str = "silu"):
+    return _act(a, act) * b
+
+
+def glu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
+    """(da, db), or (da, db, act(a) * b) with want_p (the down projection's weight gradient
+    needs p; backward rebuilds it here rather than forward saving it)."""
+    s = _act(a, act)
+    da, db = _act_bwd(dp * b, a, act), dp * s
+    return (da, db, s * b) if want_p else (da, db)
+
+
+class GLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, act):
+        ctx.save_for_backward(a, b)
+        ctx.act = act
+        return glu_fwd(a, b, act)
+
+    @staticmethod
+    def backward(ctx, dp):
+        a, b = ctx.saved_tensors
+        return (*glu_bwd(dp, a, b, ctx.act), None)
+
+
+def _checked(act: str) -> str:
+    if act not in ACTS:
+        raise ValueError(f"glu: act {act!r} not one of {', '.join(ACTS)}")
+    return act
+
+
+@register_impl("glu", "eager")
+def glu_eager(a, b, act: str = "silu"):
+    """act(a) * b in aten, as LLaMA writes it: saves a, act(a) and b."""
+    return _act(a, _checked(act)) * b
+
+
+@register_impl("glu", "function")
+def glu_function(a, b, act: str = "silu"):
+    """autograd.Function in plain torch ops: saves only a and b."""
+    return GLUFunction.apply(a, b, _checked(act))
