@@ -46,20 +46,28 @@ def glu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
     return (da, db, s * b) if want_p else (da, db)
 
 
-class GLUFunction(torch.autograd.Function):
-    @staticmethod
+def glu_function(fwd, bwd, name: str, once: bool = False) -> type:
+    """An autograd.Function over a pure (fwd, bwd) pair of this family that saves a and b only
+    (every glu impl but `eager` is one: torch ops here, the C++ and Triton ones in native.py).
+    once: the backward is native code, so a double backward must fail, not return zeros."""
     def forward(ctx, a, b, act):
         ctx.save_for_backward(a, b)
         ctx.act = act
-        return glu_fwd(a, b, act)
+        return fwd(a, b, act)
 
-    @staticmethod
     def backward(ctx, dp):
         a, b = ctx.saved_tensors
-        return (*glu_bwd(dp, a, b, ctx.act), None)
+        return (*bwd(dp, a, b, ctx.act), None)
+    if once:
+        backward = torch.autograd.function.once_differentiable(backward)
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def _checked(act: str) -> str:
+GLUFunction = glu_function(glu_fwd, glu_bwd, "GLUFunction")
+
+
+def checked_act(act: str) -> str:
     if act not in ACTS:
         raise ValueError(f"glu: act {act!r} not one of {', '.join(ACTS)}")
     return act
@@ -68,10 +76,10 @@ def _checked(act: str) -> str:
 @register_impl("glu", "eager")
 def glu_eager(a, b, act: str = "silu"):
     """act(a) * b in aten, as LLaMA writes it: saves a, act(a) and b."""
-    return _act(a, _checked(act)) * b
+    return _act(a, checked_act(act)) * b
 
 
 @register_impl("glu", "function")
-def glu_function(a, b, act: str = "silu"):
+def glu_torch(a, b, act: str = "silu"):
     """autograd.Function in plain torch ops: saves only a and b."""
-    return GLUFunction.apply(a, b, _checked(act))
+    return GLUFunction.apply(a, b, checked_act(act))

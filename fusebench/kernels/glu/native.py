@@ -3,10 +3,8 @@
 only; one pass per direction (backward writes da and db from one read of dp, a and b)."""
 from __future__ import annotations
 
-import torch
-
 from fusebench.kernels.act import cpu, triton
-from fusebench.kernels.glu.function import _checked
+from fusebench.kernels.glu.function import checked_act, glu_function
 from fusebench.kernels.registry import register_impl
 
 CPU_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}    # cpu_math.h's ActCode
@@ -20,24 +18,9 @@ def glu_cpu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
     return tuple(cpu.extension().glu_backward(dp, a, b, CPU_CODES[act], want_p))
 
 
-def _function(fwd, bwd):
-    class GLUNative(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, b, act):
-            ctx.save_for_backward(a, b)
-            ctx.act = act
-            return fwd(a, b, act)
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, dp):
-            a, b = ctx.saved_tensors
-            return (*bwd(dp, a, b, ctx.act), None)
-    return GLUNative
-
-
-_CPU, _TRITON = (_function(glu_cpu_fwd, glu_cpu_bwd),
-                 _function(triton.glu_triton_fwd, triton.glu_triton_bwd))
+_CPU = glu_function(glu_cpu_fwd, glu_cpu_bwd, "GLUCpuFunction", once=True)
+_TRITON = glu_function(triton.glu_triton_fwd, triton.glu_triton_bwd, "GLUTritonFunction",
+                       once=True)
 
 
 @register_impl("glu", "cpu", available=cpu.available)
@@ -46,10 +29,10 @@ def glu_cpu(a, b, act: str = "silu"):
     if a.dtype not in cpu.DTYPES or a.device.type != "cpu":
         raise TypeError(f"glu cpu: unsupported dtype {a.dtype} on {a.device.type} (CPU "
                         f"{', '.join(str(d).replace('torch.', '') for d in cpu.DTYPES)})")
-    return _CPU.apply(a, b, _checked(act))
+    return _CPU.apply(a, b, checked_act(act))
 
 
 @register_impl("glu", "triton", available=triton.available)
 def glu_triton(a, b, act: str = "silu"):
     """Triton: one elementwise program per block, each direction one launch; saves a and b."""
-    return _TRITON.apply(a, b, _checked(act))
+    return _TRITON.apply(a, b, checked_act(act))
