@@ -31,6 +31,9 @@ class ModelPart:
     amp: bool = False
     check: bool = True              # correctness vs eager
     amp_dtype: str | None = None    # autocast dtype; None: the device's default (dtypes.py)
+    # img_size is --quick's preset, not asked for: a model that makes its own inputs
+    # (example_inputs: token ids, ...) runs without it instead of failing on it
+    size_preset: bool = False
 
     runner = "model"                # cell/worker.py CELL_RUNNERS key (class attribute)
 
@@ -170,10 +173,11 @@ class CellSpec:
     @classmethod
     def for_model(cls, name: str, mode: str, *, bench: str = "train", batch_size: int = 8,
                   img_size: int | None = None, model_kwargs=(), amp: bool = False,
-                  check: bool = True, amp_dtype: str | None = None, **common) -> "CellSpec":
+                  check: bool = True, amp_dtype: str | None = None,
+                  size_preset: bool = False, **common) -> "CellSpec":
         kw = _pairs(model_kwargs) if isinstance(model_kwargs, dict) else tuple(model_kwargs)
         return cls(mode=mode, model=ModelPart(name, bench, batch_size, img_size, kw, amp, check,
-                                              amp_dtype), **common)
+                                              amp_dtype, size_preset), **common)
 
     @classmethod
     def for_kernel(cls, family: str, impl: str, shape, mode: str = "eager", *,

@@ -54,6 +54,21 @@ def test_tiny_gpt_infers_under_aot_and_fused():
         assert rec.status == "ok" and rec.correctness.passed, rec.correctness
 
 
+def test_quick_runs_a_token_model_without_its_image_size():
+    """--quick's 96 px is a preset for image models: a model with example_inputs runs
+    without it (it failed every cell before), and its record says no size was run; an
+    image model still runs at it."""
+    from fusebench.run.plan import RunRequest, plan_run
+    specs = plan_run(RunRequest(models=f"{GPT},efficientnet_b0", modes="eager", quick=True,
+                                threads=1))
+    assert {s.model.size_preset for s in specs} == {True}
+    gpt, effnet = (_run(s) for s in specs)
+    assert gpt.status == "ok" and gpt.spec.model.img_size is None, gpt.error
+    assert effnet.status == "ok" and effnet.spec.model.img_size == 96, effnet.error
+    asked = plan_run(RunRequest(models=GPT, modes="eager", quick=True, img_sizes="64"))
+    assert [s.model.size_preset for s in asked] == [False]       # asked for: still an error
+
+
 def test_aot_keeps_tied_weights_tied_and_trains_them():
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode

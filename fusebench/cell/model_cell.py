@@ -102,9 +102,10 @@ def _build(spec: CellSpec, phase: Reporter) -> Built:
     torch.manual_seed(spec.seed + 1)      # a model's own example_inputs draws from the global RNG
     batch = spec.model.batch_size
     inputs = source.example_inputs(model, spec.model.bench, batch, spec.model.img_size, device,
-                                   dtype, gen, fmt)
-    if inputs.image_size is not None:
-        spec = spec.with_model(img_size=inputs.image_size[1])   # the size actually run
+                                   dtype, gen, fmt, size_preset=spec.model.size_preset)
+    if inputs.image_size is not None or spec.model.img_size is not None:
+        # the size actually run (None: the model made its own inputs, --quick's size unused)
+        spec = spec.with_model(img_size=inputs.image_size and inputs.image_size[1])
         phase.note(img_size=spec.model.img_size)   # kept if the runner has to kill the cell
     target = torch.randint(0, 1000, (batch,), generator=gen).to(device)
     # distributed: every rank uses the same seed and input, so DDP-averaged gradients equal

@@ -77,17 +77,20 @@ class ModelSource:
     def example_inputs(self, model: nn.Module, bench: str, batch_size: int,
                        img_size: int | None = None, device="cpu", dtype=torch.float32,
                        generator: torch.Generator | None = None,
-                       memory_format=torch.contiguous_format) -> model_inputs.ModelInputs:
+                       memory_format=torch.contiguous_format,
+                       size_preset: bool = False) -> model_inputs.ModelInputs:
         """The positional args of one call: the model's own `example_inputs(batch_size, device,
         dtype)` where it has one (see models/inputs.py), else a float image batch of
-        `input_size`. The image batch is drawn from `generator` (seed 0 when None)."""
+        `input_size`. The image batch is drawn from `generator` (seed 0 when None). An
+        img_size the user asked for does not apply to a model with its own inputs (a
+        UsageError); a preset one (size_preset: --quick's) is dropped there."""
         device = torch.device(device)
         hook = model_inputs.find_hook(model, self.factory)
         if hook is None:
             size = self.input_size(bench, img_size, model=model)
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
             return model_inputs.image_batch(size, batch_size, device, dtype, gen, memory_format)
-        if img_size is not None:
+        if img_size is not None and not size_preset:
             raise UsageError(f"--img-size does not apply to '{self.name}': it provides "
                              f"{model_inputs.HOOK}()")
         got = model_inputs.from_hook(self.name, hook, batch_size, device, dtype)

@@ -107,9 +107,11 @@ def describe(specs: Sequence[CellSpec], picks: Sequence = (), repeat: int = 1,
     batches = ",".join(str(b) for b in sorted({m.batch_size for m in models}))
     px = ",".join(str(x) for x in sorted({m.img_size or sizes.get((m.name, m.bench)) or 0
                                           for m in models}) if x) or "the model's"
+    px = f"{px} px" + (" (--quick's, for the models that take an image)"
+                       if any(m.size_preset for m in models) else "")
     why = " (CPU default: fitted to the budget; -b N to choose)" if choices else ""
     lines = [f"fusebench run: {len(specs)} cells on {s0.device}: {names} x {modes} ({benches})",
-             f"  batch {batches}{why}, {px} px, {s0.dtype}{_amp_text(s0)}"
+             f"  batch {batches}{why}, {px}, {s0.dtype}{_amp_text(s0)}"
              f"{', channels_last' if s0.channels_last else ''}"]
     lines += [f"    {short(c.model)}/{c.bench}: {c.why}" for c in choices]
     lines.append("  " + _steps_text(s0, repeat))

@@ -91,6 +91,7 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
             specs.append(CellSpec.for_model(
                 model, mode, bench=bench, batch_size=batch,
                 img_size=size,          # None: the worker uses the model's default
+                size_preset=req.quick and req.img_sizes is None and size is not None,
                 channels_last=req.channels_last, dtype=req.dtype, amp=req.amp or req.amp_dtype is not None,
                 amp_dtype=req.amp_dtype, device=device,
                 warmup=warmup, steps=steps, budget=budget, seed=req.seed,
