@@ -5,7 +5,9 @@ step eager vs fused mode, side by side in one process.
     python benchmarks/llama_parts.py --threads 1 --rounds 20
 
 Kernels: forward + backward of each impl at the bench model's shapes (8 x 256 tokens, width 256,
-MLP hidden 688), interleaved, medians of --reps; ratio = eager's time / the impl's.
+MLP hidden 688), interleaved, medians of --reps; ratio = eager's time / the impl's. Then the
+gated MLP alone, eager and fused, as LLaMA writes it (gate and up projections) and as Phi-3
+does (one projection split by chunk).
 Step: tests/assets/llama.py at size "bench" (HF's RMSNorm spelling, SwiGLU MLPs), fused by
 fusebench.fuse, the two models' steps (forward, cross-entropy, backward) alternating for
 --rounds rounds after a warm-up; per-round eager/fused ratios, their median and a 95% bootstrap
@@ -62,6 +64,38 @@ def kernels(reps: int) -> None:
         print(f"{family} fwd+bwd {tuple(dy.shape)}: {row}")
 
 
+class PackedMlp(torch.nn.Module):
+    """Phi-3's gated MLP: one gate_up projection split by chunk(2, -1)."""
+
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(dim, 2 * hidden, bias=False)
+        self.down_proj = torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+def mlps(reps: int) -> None:
+    """The gated MLP alone, eager and fused (glu_mlp site), in both spellings."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*TOKENS, WIDTH, generator=g, requires_grad=True)
+    dy = torch.randn(*TOKENS, WIDTH, generator=g)
+    for name, make in (("two projections (LLaMA)", lambda: llama.MLP(WIDTH, HIDDEN)),
+                       ("one packed projection (Phi-3)", lambda: PackedMlp(WIDTH, HIDDEN))):
+        torch.manual_seed(0)
+        eager = make()
+        fused = copy.deepcopy(eager)
+        fuse(fused, "train")
+        times = {"eager": [], "fused": []}
+        for _ in range(3 + reps):
+            for k, m in (("eager", eager), ("fused", fused)):
+                times[k].append(_timed(lambda: m(x).backward(dy)))
+        e, f = (statistics.median(t[3:]) * 1e3 for t in times.values())
+        print(f"gated MLP fwd+bwd, {name}: eager {e:.2f} ms, fused {f:.2f} ms ({e / f:.2f}x)")
+
+
 def _step(model, idx):
     out = model(idx)
     F.cross_entropy(out.view(-1, out.shape[-1]), idx.view(-1)).backward()
@@ -110,6 +144,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}; load {os.getloadavg()[0]:.2f}")
     kernels(args.reps)
+    mlps(args.reps)
     step(args.rounds)
     print(f"load after {os.getloadavg()[0]:.2f}")
     return 0

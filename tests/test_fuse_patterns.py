@@ -1049,3 +1049,55 @@ def test_the_glu_mlp_saves_x_and_the_two_projections_only():
         saved[name] = counter.bytes
     hidden = 4 * 16 * 96 * 4
     assert saved == {"eager": 4 * hidden, "fused": 2 * hidden}
+
+
+class PackedGlu(nn.Module):            # one projection, its halves the gate and up
+    def __init__(self, c, spelling):
+        super().__init__()
+        self.proj, self.down = nn.Linear(c, 6 * c), nn.Linear(3 * c, c)
+        self.spelling = spelling
+
+    def forward(self, x):
+        ab = self.proj(x)
+        if self.spelling == "phi3":        # gate, up = ...chunk(2, dim=-1); up * silu(gate)
+            gate, up = ab.chunk(2, dim=-1)
+            return x + self.down(up * F.silu(gate))
+        if self.spelling == "geglu":       # diffusion models' GEGLU: the gate second
+            h, gate = torch.chunk(ab, 2, dim=-1)
+            return self.down(h * F.gelu(gate))
+        a, b = ab.split(24, dim=-1)        # split(half, -1)
+        return self.down(F.relu(a) * b)
+
+
+PACKED = {"phi3": "glu_mlp[silu,cpu,packed gate,up]",
+          "geglu": "glu_mlp[gelu,cpu,packed up,gate]",
+          "split": "glu_mlp[relu,cpu,packed gate,up]"}
+
+
+@pytest.mark.parametrize("spelling", sorted(PACKED))
+def test_a_packed_gate_and_up_projection_is_one_site(spelling, site_calls):
+    """`chunk(2, -1)` / `split(half, -1)` of one Linear: the kernel reads both halves in place
+    and hands the projection its gradient packed; float64 forward and gradients as eager."""
+    torch.manual_seed(0)
+    model = PackedGlu(8, spelling).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"glu_mlp": 1}
+    y = assert_matches_eager(model, ref, (torch.randn(2, 5, 8, dtype=torch.float64),))
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert names == [PACKED[spelling]]
+
+
+class ThirdsGlu(nn.Module):            # chunk(3): two of the thirds multiplied
+    def __init__(self, c):
+        super().__init__()
+        self.proj, self.down = nn.Linear(c, 3 * c), nn.Linear(c, c)
+
+    def forward(self, x):
+        a, b, _ = self.proj(x).chunk(3, dim=-1)
+        return self.down(F.silu(a) * b)
+
+
+def test_a_projection_split_otherwise_is_a_reason_not_a_packed_gate():
+    r = fuse(ThirdsGlu(8), "train")
+    assert not r.sites.get("glu_mlp")
+    assert any("glu_mlp" in m and "other than in two halves" in m for _, m in r.notes), r.notes

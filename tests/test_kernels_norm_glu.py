@@ -168,3 +168,25 @@ def test_the_pure_glu_pair_is_what_autograd_computes():
 def test_rms_norm_cpu_build_is_one_extension():
     assert rms_cpu.build() == (True, "")
     assert rms_cpu.EXT_NAME == "fusebench_rms_norm_cpu"
+
+
+@pytest.mark.parametrize("gate_second", [False, True])
+@pytest.mark.parametrize("name", ["function", "cpu", "triton"])
+def test_glu_packed_pairs_read_both_halves_in_place(name, gate_second):
+    """glu_packed: gate and up as the halves of one (..., 2H) tensor; backward's d_ab packed
+    the same way (what the fused MLP's one projection GEMM takes)."""
+    _impl("glu", name)
+    from fusebench.fuse.binding import pure_pair
+    pair = pure_pair("glu_packed", name)
+    g = torch.Generator().manual_seed(4)
+    ab, dp = 2 * torch.randn(3, 4, 2 * 21, generator=g), torch.randn(3, 4, 21, generator=g)
+    abd = ab.double().requires_grad_()
+    gate, up = abd.chunk(2, -1)
+    if gate_second:
+        gate, up = up, gate
+    pr = glu_reference(gate, up, "gelu")
+    (dref,) = torch.autograd.grad(pr, abd, dp.double())
+    dab, p = pair.bwd(dp, ab, "gelu", gate_second, True)
+    for got, ref in ((pair.fwd(ab, "gelu", gate_second), pr), (dab, dref), (p, pr)):
+        torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+    assert len(pair.bwd(dp, ab, "gelu", gate_second)) == 1

@@ -36,11 +36,18 @@ class Pure:
     bwd_y: Callable | None = None     # bwd that also gives fwd's output (bias_gelu only)
 
 
+# pairs bound under a name of their own whose impls are another family's: glu_packed is glu on
+# the two halves of one packed projection output, fwd(ab, act, gate_second) -> act(gate) * up,
+# bwd(dp, ab, act, gate_second, want_p) -> (d_ab[, act(gate) * up]), d_ab packed as ab is
+FAMILY_OF = {"glu_packed": "glu"}
+
+
 def _function_pairs() -> dict[str, tuple[Callable, ...]]:
     # looked up when bound, not at import, so a spy on the family module sees the calls
     out = {}
-    for family in ("silu", "se_gate", "bias_gelu", "glu"):
-        mod = importlib.import_module(f"fusebench.kernels.{family}.function")
+    for family in ("silu", "se_gate", "bias_gelu", "glu", "glu_packed"):
+        mod = importlib.import_module(f"fusebench.kernels.{FAMILY_OF.get(family, family)}"
+                                      ".function")
         out[family] = (getattr(mod, f"{family}_fwd"), getattr(mod, f"{family}_bwd"))
     out["bias_gelu"] += (functools.partial(out["bias_gelu"][1], want_y=True),)
     return out
@@ -50,6 +57,7 @@ def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
     from fusebench.kernels.glu import native as glu_native
     ext, d = act_cpu.extension(), act_cpu.dense
     return {"glu": (glu_native.glu_cpu_fwd, glu_native.glu_cpu_bwd),
+            "glu_packed": (glu_native.glu_packed_cpu_fwd, glu_native.glu_packed_cpu_bwd),
             "silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
             "se_gate": (lambda x, g, hard=0.0: ext.se_gate_forward(d(x), g, hard),
                         lambda dy, x, g, hard=0.0: tuple(ext.se_gate_backward(dy, x, g, hard))),
@@ -63,6 +71,7 @@ def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
 def _triton_pairs() -> dict[str, tuple[Callable, ...]]:
     tr = act_triton
     return {"glu": (tr.glu_triton_fwd, tr.glu_triton_bwd),
+            "glu_packed": (tr.glu_packed_triton_fwd, tr.glu_packed_triton_bwd),
             "silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
             "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
             "bias_gelu": (lambda x, b, a: tr.bias_gelu_triton_fwd(x, b, a == "tanh"),
@@ -109,9 +118,9 @@ def _by_layout(cl: Pure, nchw: Pure) -> Pure:
 # and three backward passes, 1.5-1.6x fwd+bwd (benchmarks/llama_parts.py); CUDA: Triton, not
 # yet timed there.
 PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton",
-                      "glu": "triton"},
+                      "glu": "triton", "glu_packed": "triton"},
              "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function",
-                     "glu": "cpu"}}
+                     "glu": "cpu", "glu_packed": "cpu"}}
 FALLBACK_IMPL = "function"
 
 
@@ -128,7 +137,7 @@ def bind_act(family: str, device: str, notes: list, impl: str | None = None) -> 
 
 
 def _bind_one(family: str, name: str, device: str, notes: list) -> Pure:
-    ok, reason = get_impl(family, name).available(str(device))
+    ok, reason = get_impl(FAMILY_OF.get(family, family), name).available(str(device))
     if ok and name == "cpu":
         ok, reason = act_cpu.build()             # a compile error shows up here, not mid-step
     if ok:

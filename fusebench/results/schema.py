@@ -79,6 +79,7 @@ class ModelPartT(TypedDict):
     amp: NotRequired[bool]
     check: NotRequired[bool]
     amp_dtype: NotRequired[Optional[Name]]
+    size_preset: NotRequired[bool]     # img_size was --quick's preset (spec.ModelPart)
 
 
 class KernelPartT(TypedDict):

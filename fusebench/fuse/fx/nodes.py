@@ -29,10 +29,11 @@ FUNCTIONS = {
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
     F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish",
     F.adaptive_avg_pool2d: "adaptive_avg_pool2d", F.rms_norm: "rms_norm",
+    torch.chunk: "chunk", torch.split: "split",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
-           "to", "float", "type_as"}
+           "to", "float", "type_as", "chunk", "split"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",

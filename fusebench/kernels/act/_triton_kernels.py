@@ -167,3 +167,31 @@ def glu_bwd_kernel(DP, A, B, DA, DB, P, n, ACT: tl.constexpr, WANT_P: tl.constex
     tl.store(DB + offs, (g * s).to(DB.dtype.element_ty), mask=m)
     if WANT_P:
         tl.store(P + offs, (s * b).to(P.dtype.element_ty), mask=m)
+
+
+# Packed: gate and up are the two halves of one (rows, 2H) projection output (a `chunk(2, -1)`
+# spelling); read in place, and backward writes their gradient packed the same way.
+@triton.jit
+def glu_packed_fwd_kernel(AB, P, n, H, GATE, UP, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    src = (offs // H) * 2 * H + offs % H
+    a = tl.load(AB + src + GATE, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(AB + src + UP, mask=m, other=0.0).to(tl.float32)
+    tl.store(P + offs, (_glu_act(a, ACT) * b).to(P.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def glu_packed_bwd_kernel(DP, AB, DAB, P, n, H, GATE, UP, ACT: tl.constexpr,
+                          WANT_P: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    src = (offs // H) * 2 * H + offs % H
+    a = tl.load(AB + src + GATE, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(AB + src + UP, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(DP + offs, mask=m, other=0.0).to(tl.float32)
+    s = _glu_act(a, ACT)
+    tl.store(DAB + src + GATE, (g * b * _glu_act_grad(a, ACT)).to(DAB.dtype.element_ty), mask=m)
+    tl.store(DAB + src + UP, (g * s).to(DAB.dtype.element_ty), mask=m)
+    if WANT_P:
+        tl.store(P + offs, (s * b).to(P.dtype.element_ty), mask=m)

@@ -237,8 +237,8 @@ void se_gate_bwd_k(const T* dy, const T* x, const A* s, T* dx, A* part, int64_t 
   }
 }
 
-// GLU gates (SwiGLU, GeGLU, ReGLU): p = act(a) * b over two same-shaped contiguous tensors,
-// the MLP's gate and up projections. Backward reads dp, a and b once and writes da, db and,
+// GLU gates (SwiGLU, GeGLU, ReGLU): p = act(a) * b over rows of H values, the MLP's gate and
+// up projections (two tensors, or the halves of one packed projection: entry points below). Backward reads dp, a and b once and writes da, db and,
 // for the down projection's weight gradient, p itself: a pass fewer than recomputing it.
 template <typename T, typename A, typename F>
 void glu_span(const T* __restrict a, const T* __restrict b, T* __restrict p, int64_t n) {
@@ -384,63 +384,138 @@ std::vector<at::Tensor> se_gate_backward(const at::Tensor& dy_, const at::Tensor
 }
 
 // ---------------------------------------------------------------- GLU entry points
-std::pair<at::Tensor, at::Tensor> glu_inputs(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.sizes() == b.sizes(), "glu cpu: a and b shapes differ: ", a.sizes(), " vs ",
-              b.sizes());
-  TORCH_CHECK(a.device().is_cpu(), "glu cpu: CPU tensors only, got ", a.device());
-  at::Tensor ac = a.contiguous();
-  return {ac, b.to(ac.scalar_type()).contiguous()};
+// Rows of H values with their own row strides: separate contiguous a and b (ld = H), or one
+// packed (rows, 2H) tensor whose halves are a and b (`gate, up = proj(x).chunk(2, -1)`: ld =
+// 2H, b or a at + H), read in place and, backward, its gradient written as one packed tensor
+// (no cat: the projection's backward takes it as it is).
+struct GluRows {
+  int64_t rows, H, ld_in, ld_out;
+};
+
+template <typename T, typename F>
+void glu_fwd_rows(const T* a, const T* b, T* p, const GluRows& g) {
+  at::parallel_for(0, g.rows, grain(g.H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      glu_span<T, Acc<T>, F>(a + r * g.ld_in, b + r * g.ld_in, p + r * g.H, g.H);
+  });
 }
 
+template <typename T, typename F>
+void glu_bwd_rows(const T* dp, const T* a, const T* b, T* da, T* db, T* p, const GluRows& g) {
+  at::parallel_for(0, g.rows, grain(g.H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r * g.ld_in, o = r * g.ld_out, q = r * g.H;
+      if (p)
+        glu_grad_span<T, Acc<T>, F, true>(dp + q, a + i, b + i, da + o, db + o, p + q, g.H);
+      else
+        glu_grad_span<T, Acc<T>, F, false>(dp + q, a + i, b + i, da + o, db + o, nullptr, g.H);
+    }
+  });
+}
+
+void glu_check(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "glu cpu: CPU tensors only, got ", t.device());
+  TORCH_CHECK(t.dim() >= 1, "glu cpu: tensors must have at least one dim");
+}
+
+GluRows rows_of(const at::Tensor& t, int64_t H, int64_t ld_in, int64_t ld_out) {
+  return {H ? t.numel() / H : 0, H, ld_in, ld_out};
+}
+
+// p = act(a) * b for a, b of one shape (made contiguous); or, packed, for ab's two halves
+// along the last dim (a first unless gate_second).
 at::Tensor glu_forward(const at::Tensor& a_, const at::Tensor& b_, int64_t act) {
-  auto [a, b] = glu_inputs(a_, b_);
+  glu_check(a_);
+  TORCH_CHECK(a_.sizes() == b_.sizes(), "glu cpu: a and b shapes differ: ", a_.sizes(), " vs ",
+              b_.sizes());
+  at::Tensor a = a_.contiguous(), b = b_.to(a.scalar_type()).contiguous();
   at::Tensor p = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
+  const auto g = rows_of(a, a.size(-1), a.size(-1), a.size(-1));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, a.scalar_type(), "glu_forward", [&] {
-    using T = scalar_t;
-    const T* ap = a.const_data_ptr<T>();
-    const T* bp = b.const_data_ptr<T>();
-    T* pp = p.mutable_data_ptr<T>();
     with_act(act, [&](auto f) {
-      using F = decltype(f);
-      at::parallel_for(0, a.numel(), kGrainElems, [&](int64_t i0, int64_t i1) {
-        glu_span<T, Acc<T>, F>(ap + i0, bp + i0, pp + i0, i1 - i0);
-      });
+      glu_fwd_rows<scalar_t, decltype(f)>(a.const_data_ptr<scalar_t>(),
+                                          b.const_data_ptr<scalar_t>(),
+                                          p.mutable_data_ptr<scalar_t>(), g);
     });
   });
   return p;
 }
 
-// (da, db) or, want_p, (da, db, act(a) * b)
+// (da, db), or want_p: (da, db, act(a) * b)
 std::vector<at::Tensor> glu_backward(const at::Tensor& dp_, const at::Tensor& a_,
                                      const at::Tensor& b_, int64_t act, bool want_p) {
-  auto [a, b] = glu_inputs(a_, b_);
-  TORCH_CHECK(dp_.sizes() == a.sizes(), "glu cpu: dp and a shapes differ");
+  glu_check(a_);
+  TORCH_CHECK(a_.sizes() == b_.sizes() && dp_.sizes() == a_.sizes(),
+              "glu cpu: dp, a and b shapes differ");
+  at::Tensor a = a_.contiguous(), b = b_.to(a.scalar_type()).contiguous();
   at::Tensor dp = dp_.to(a.scalar_type()).contiguous();
   at::Tensor da = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
   at::Tensor db = fusebench::empty_output(a, at::MemoryFormat::Contiguous);
   at::Tensor p = want_p ? fusebench::empty_output(a, at::MemoryFormat::Contiguous) : at::Tensor();
+  const auto g = rows_of(a, a.size(-1), a.size(-1), a.size(-1));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, a.scalar_type(), "glu_backward", [&] {
-    using T = scalar_t;
-    const T* dpp = dp.const_data_ptr<T>();
-    const T* ap = a.const_data_ptr<T>();
-    const T* bp = b.const_data_ptr<T>();
-    T* dap = da.mutable_data_ptr<T>();
-    T* dbp = db.mutable_data_ptr<T>();
-    T* pp = want_p ? p.mutable_data_ptr<T>() : nullptr;
     with_act(act, [&](auto f) {
-      using F = decltype(f);
-      at::parallel_for(0, a.numel(), kGrainElems, [&](int64_t i0, int64_t i1) {
-        if (want_p)
-          glu_grad_span<T, Acc<T>, F, true>(dpp + i0, ap + i0, bp + i0, dap + i0, dbp + i0,
-                                            pp + i0, i1 - i0);
-        else
-          glu_grad_span<T, Acc<T>, F, false>(dpp + i0, ap + i0, bp + i0, dap + i0, dbp + i0,
-                                             nullptr, i1 - i0);
-      });
+      glu_bwd_rows<scalar_t, decltype(f)>(
+          dp.const_data_ptr<scalar_t>(), a.const_data_ptr<scalar_t>(),
+          b.const_data_ptr<scalar_t>(), da.mutable_data_ptr<scalar_t>(),
+          db.mutable_data_ptr<scalar_t>(), want_p ? p.mutable_data_ptr<scalar_t>() : nullptr, g);
     });
   });
   if (want_p) return {da, db, p};
   return {da, db};
+}
+
+std::pair<int64_t, int64_t> packed_halves(const at::Tensor& ab, bool gate_second) {
+  glu_check(ab);
+  TORCH_CHECK(ab.size(-1) % 2 == 0, "glu cpu: a packed gate needs an even last dim, got ",
+              ab.size(-1));
+  const int64_t H = ab.size(-1) / 2;
+  return gate_second ? std::pair<int64_t, int64_t>{H, 0} : std::pair<int64_t, int64_t>{0, H};
+}
+
+at::Tensor glu_packed_forward(const at::Tensor& ab_, int64_t act, bool gate_second) {
+  const auto [ga, gb] = packed_halves(ab_, gate_second);
+  at::Tensor ab = ab_.contiguous();
+  auto shape = ab.sizes().vec();
+  const int64_t H = shape.back() / 2;
+  shape.back() = H;
+  at::Tensor p = fusebench::empty_output(at::empty(shape, ab.options()),
+                                         at::MemoryFormat::Contiguous);
+  const auto g = rows_of(p, H, 2 * H, 2 * H);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ab.scalar_type(), "glu_packed_forward", [&] {
+    const scalar_t* base = ab.const_data_ptr<scalar_t>();
+    with_act(act, [&](auto f) {
+      glu_fwd_rows<scalar_t, decltype(f)>(base + ga, base + gb, p.mutable_data_ptr<scalar_t>(),
+                                          g);
+    });
+  });
+  return p;
+}
+
+// (d_ab) or, want_p, (d_ab, act(gate) * up): d_ab packed as ab is
+std::vector<at::Tensor> glu_packed_backward(const at::Tensor& dp_, const at::Tensor& ab_,
+                                            int64_t act, bool gate_second, bool want_p) {
+  const auto [ga, gb] = packed_halves(ab_, gate_second);
+  at::Tensor ab = ab_.contiguous();
+  const int64_t H = ab.size(-1) / 2;
+  at::Tensor dp = dp_.to(ab.scalar_type()).contiguous();
+  TORCH_CHECK(dp.numel() * 2 == ab.numel() && dp.size(-1) == H,
+              "glu cpu: dp must have ab's shape with half its last dim");
+  at::Tensor dab = fusebench::empty_output(ab, at::MemoryFormat::Contiguous);
+  at::Tensor p = want_p ? fusebench::empty_output(dp, at::MemoryFormat::Contiguous)
+                        : at::Tensor();
+  const auto g = rows_of(dp, H, 2 * H, 2 * H);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ab.scalar_type(), "glu_packed_backward", [&] {
+    const scalar_t* base = ab.const_data_ptr<scalar_t>();
+    scalar_t* dbase = dab.mutable_data_ptr<scalar_t>();
+    with_act(act, [&](auto f) {
+      glu_bwd_rows<scalar_t, decltype(f)>(dp.const_data_ptr<scalar_t>(), base + ga, base + gb,
+                                          dbase + ga, dbase + gb,
+                                          want_p ? p.mutable_data_ptr<scalar_t>() : nullptr, g);
+    });
+  });
+  if (want_p) return {dab, p};
+  return {dab};
 }
 
 }  // namespace
@@ -462,4 +537,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("b"), py::arg("act"));
   m.def("glu_backward", &glu_backward, "(da, db) from the saved a and b; want_p: also act(a)*b",
         py::arg("dp"), py::arg("a"), py::arg("b"), py::arg("act"), py::arg("want_p") = false);
+  m.def("glu_packed_forward", &glu_packed_forward,
+        "act(gate) * up for ab = [gate, up] along the last dim ([up, gate]: gate_second)",
+        py::arg("ab"), py::arg("act"), py::arg("gate_second") = false);
+  m.def("glu_packed_backward", &glu_packed_backward,
+        "(d_ab,) from the saved ab, packed as ab; want_p: (d_ab, act(gate) * up)", py::arg("dp"),
+        py::arg("ab"), py::arg("act"), py::arg("gate_second") = false, py::arg("want_p") = false);
 }

@@ -208,3 +208,37 @@ def glu_triton_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
         _kernels().glu_bwd_kernel[(triton_cdiv(a.numel(), BLOCK),)](
             dp, a, b, da, db, p, a.numel(), ACT=GLU_CODES[act], WANT_P=want_p, BLOCK=BLOCK)
     return (da, db, p) if want_p else (da, db)
+
+
+def _packed(ab, gate_second: bool):
+    if ab.dtype not in DTYPES:
+        raise TypeError(f"glu triton: unsupported dtype {ab.dtype}")
+    if ab.dim() == 0 or ab.shape[-1] % 2:
+        raise ValueError(f"glu triton: a packed gate needs an even last dim, got "
+                         f"{tuple(ab.shape)}")
+    H = ab.shape[-1] // 2
+    return ab.contiguous(), H, (H, 0) if gate_second else (0, H)
+
+
+def glu_packed_triton_fwd(ab, act: str = "silu", gate_second: bool = False):
+    """act(gate) * up for ab = [gate, up] along the last dim ([up, gate]: gate_second)."""
+    ab, H, (gate, up) = _packed(ab, gate_second)
+    p = ab.new_empty((*ab.shape[:-1], H))
+    if p.numel():
+        _kernels().glu_packed_fwd_kernel[(triton_cdiv(p.numel(), BLOCK),)](
+            ab, p, p.numel(), H, gate, up, ACT=GLU_CODES[act], BLOCK=BLOCK)
+    return p
+
+
+def glu_packed_triton_bwd(dp, ab, act: str = "silu", gate_second: bool = False,
+                          want_p: bool = False):
+    """(d_ab,) packed as ab, or (d_ab, act(gate) * up) with want_p."""
+    ab, H, (gate, up) = _packed(ab, gate_second)
+    dp = dp.to(ab.dtype).contiguous()
+    dab = torch.empty_like(ab)
+    p = torch.empty_like(dp) if want_p else dp          # not written when not wanted
+    if dp.numel():
+        _kernels().glu_packed_bwd_kernel[(triton_cdiv(dp.numel(), BLOCK),)](
+            dp, ab, dab, p, dp.numel(), H, gate, up, ACT=GLU_CODES[act], WANT_P=want_p,
+            BLOCK=BLOCK)
+    return (dab, p) if want_p else (dab,)

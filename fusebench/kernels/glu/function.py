@@ -46,6 +46,24 @@ def glu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
     return (da, db, s * b) if want_p else (da, db)
 
 
+def _halves(ab, gate_second: bool):
+    gate, up = ab.chunk(2, -1)
+    return (up, gate) if gate_second else (gate, up)
+
+
+def glu_packed_fwd(ab, act: str = "silu", gate_second: bool = False):
+    """act(gate) * up for ab = [gate, up] along the last dim ([up, gate]: gate_second): a
+    projection's output that the model splits with `chunk(2, -1)`."""
+    return glu_fwd(*_halves(ab, gate_second), act)
+
+
+def glu_packed_bwd(dp, ab, act: str = "silu", gate_second: bool = False, want_p: bool = False):
+    """(d_ab,) packed as ab, or (d_ab, act(gate) * up) with want_p."""
+    gate, up = _halves(ab, gate_second)
+    dg, du, *p = glu_bwd(dp, gate, up, act, want_p)
+    return (torch.cat((du, dg) if gate_second else (dg, du), -1), *p)
+
+
 def glu_function(fwd, bwd, name: str, once: bool = False) -> type:
     """An autograd.Function over a pure (fwd, bwd) pair of this family that saves a and b only
     (every glu impl but `eager` is one: torch ops here, the C++ and Triton ones in native.py).

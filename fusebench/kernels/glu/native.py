@@ -18,6 +18,16 @@ def glu_cpu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
     return tuple(cpu.extension().glu_backward(dp, a, b, CPU_CODES[act], want_p))
 
 
+def glu_packed_cpu_fwd(ab, act: str = "silu", gate_second: bool = False):
+    return cpu.extension().glu_packed_forward(ab, CPU_CODES[act], gate_second)
+
+
+def glu_packed_cpu_bwd(dp, ab, act: str = "silu", gate_second: bool = False,
+                       want_p: bool = False):
+    return tuple(cpu.extension().glu_packed_backward(dp, ab, CPU_CODES[act], gate_second,
+                                                     want_p))
+
+
 _CPU = glu_function(glu_cpu_fwd, glu_cpu_bwd, "GLUCpuFunction", once=True)
 _TRITON = glu_function(triton.glu_triton_fwd, triton.glu_triton_bwd, "GLUTritonFunction",
                        once=True)
