@@ -65,8 +65,16 @@ def test_quick_runs_a_token_model_without_its_image_size():
     gpt, effnet = (_run(s) for s in specs)
     assert gpt.status == "ok" and gpt.spec.model.img_size is None, gpt.error
     assert effnet.status == "ok" and effnet.spec.model.img_size == 96, effnet.error
-    asked = plan_run(RunRequest(models=GPT, modes="eager", quick=True, img_sizes="64"))
-    assert [s.model.size_preset for s in asked] == [False]       # asked for: still an error
+    with pytest.raises(UsageError, match="--img-size does not apply"):   # asked for: refused
+        plan_run(RunRequest(models=GPT, modes="eager", quick=True, img_sizes="64"))
+
+
+def test_an_img_size_for_a_model_with_its_own_inputs_is_refused_at_planning(capsys):
+    """tiny_gpt's example_inputs() sits in its module: one line, exit 2, no cell run."""
+    from fusebench.cli import main
+    assert main(["run", GPT, "-m", "eager", "--img-size", "64", "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--img-size does not apply" in err, err
 
 
 def test_aot_keeps_tied_weights_tied_and_trains_them():

@@ -100,8 +100,10 @@ def check_user_files(refs: list[str]) -> None:
             load_ref(ref, "model", "factory")
 
 
-def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> dict:
-    """What `run` plans with: each model resolves, takes the --model-kwargs and every size."""
+def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int],
+                 sizes_given: bool = False) -> dict:
+    """What `run` plans with: each model resolves, takes the --model-kwargs and every size
+    (sizes_given: the user's --img-size, which a model with its own inputs refuses)."""
     check_user_files(refs)
     from fusebench.models.source import coerce_kwargs, resolve_model
     out = {}
@@ -111,6 +113,8 @@ def check_models(refs: list[str], kwargs: dict[str, str], sizes: list[int]) -> d
         coerce_kwargs(src.factory, kwargs)
         for size in sizes:
             src.validate_img_size(size)
+        if sizes_given:
+            src.refuse_img_size()
         out[ref] = {"origin": src.origin, "family": src.family}
     return out
 
@@ -135,7 +139,8 @@ def answer(req: dict) -> dict:
         out["catalog"] = catalog(before, req.get("device") or "cpu")
     if req.get("models"):
         out["models"] = check_models(req["models"], req.get("model_kwargs") or {},
-                                     req.get("img_sizes") or [])
+                                     req.get("img_sizes") or [],
+                                     bool(req.get("img_sizes_given")))
     if req.get("impls"):
         out["impls"] = check_impls(req["impls"])
     if req.get("summary"):

@@ -107,6 +107,14 @@ class ModelSource:
             return self.infer_input_size
         return self.default_input_size or DEFAULT_INPUT_SIZE
 
+    def refuse_img_size(self) -> None:
+        """An --img-size asked for a model that makes its own inputs is a UsageError here, at
+        planning, where its example_inputs() sits on the factory (a class) or the factory's
+        module; a hook on the built model only shows in the cell (the same error there)."""
+        if self.origin == "file" and model_inputs.find_hook(None, self.factory) is not None:
+            raise UsageError(f"--img-size does not apply to '{self.name}': it provides "
+                             f"{model_inputs.HOOK}()")
+
     def validate_img_size(self, size: int) -> None:
         if size <= 0:
             raise UsageError(f"--img-size must be positive, got {size}")

@@ -80,7 +80,8 @@ def plan_run(req: RunRequest) -> list[CellSpec]:
     batches, sizes, warmup, steps = _counts(req)
     budget = timing_budget(req)
     kwargs = parse_model_kwargs(req.model_kwargs)
-    models = _check_models(parse_list(req.models, "model"), kwargs, sizes, req.timeout, device)
+    models = _check_models(parse_list(req.models, "model"), kwargs, sizes, req.timeout, device,
+                           req.img_sizes is not None)
     mode_names = _mode_names(req, device)
     options = _cell_options(mode_names, req.mode_options)
     benches = BENCHES if req.bench == "both" else (req.bench,)
@@ -123,9 +124,9 @@ def fits_batch(req: RunRequest, specs: list[CellSpec]) -> bool:
 
 
 def _check_models(names: list[str], kwargs: dict[str, str], sizes: list[int | None],
-                  timeout: float, device: str) -> list[str]:
-    """Each model resolves and takes the --model-kwargs and every --img-size; unknown kwargs
-    fail here, not in every worker. User files and plugin models are checked by the probe
+                  timeout: float, device: str, sizes_given: bool = False) -> list[str]:
+    """Each model resolves and takes the --model-kwargs and every --img-size (sizes_given: the
+    user's, not --quick's preset); unknown kwargs fail here, not in every worker. User files and plugin models are checked by the probe
     (run/probe.py): the CLI never imports user code."""
     from fusebench.loading import check_ref
     from fusebench.models.source import coerce_kwargs, resolve_model
@@ -137,7 +138,7 @@ def _check_models(names: list[str], kwargs: dict[str, str], sizes: list[int | No
     with_plugins = bool(probe.plugins_value())
     probed = [m for m in names if m in files or (with_plugins and not m.startswith("timm:"))]
     probe.load(device=device, timeout=timeout, models=probed, model_kwargs=kwargs,
-               img_sizes=[s for s in sizes if s is not None])
+               img_sizes=[s for s in sizes if s is not None], img_sizes_given=sizes_given)
     for src in (resolve_model(m) for m in names if m not in probed):
         coerce_kwargs(src.factory, kwargs)
         for size in sizes:

@@ -51,6 +51,7 @@ def is_user_model(name: str) -> bool:
 
 def load(*, device: str = "cpu", timeout: float | None = None, models: list[str] = (),
          model_kwargs: dict[str, str] | None = None, img_sizes: list[int] = (),
+         img_sizes_given: bool = False,
          impls: list[str] = (), summary: dict | None = None) -> dict:
     """Load plugins and the given user files in a probe; install what the plugins registered.
     Returns the probe's answer ({} when nothing needed loading)."""
@@ -59,6 +60,7 @@ def load(*, device: str = "cpu", timeout: float | None = None, models: list[str]
         return {}
     request = {"plugins": plugins_value(), "device": device, "models": list(models),
                "model_kwargs": dict(model_kwargs or {}), "img_sizes": list(img_sizes),
+               "img_sizes_given": img_sizes_given,
                "impls": list(impls), "summary": summary}
     key = _cache_key(request)
     answer = _ANSWERS.get(key) if key else None
