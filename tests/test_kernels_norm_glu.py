@@ -190,3 +190,56 @@ def test_glu_packed_pairs_read_both_halves_in_place(name, gate_second):
     for got, ref in ((pair.fwd(ab, "gelu", gate_second), pr), (dab, dref), (p, pr)):
         torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
     assert len(pair.bwd(dp, ab, "gelu", gate_second)) == 1
+
+
+# --- any shape: the C++ kernels against their torch twins (hypothesis) ---------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SHAPE = st.lists(st.integers(0, 5), min_size=1, max_size=3).flatmap(
+    lambda lead: st.integers(1, 70).map(lambda c: (*lead, c)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=SHAPE, seed=st.integers(0, 2**16), transposed=st.booleans())
+def test_rms_norm_cpu_equals_its_torch_twin_on_any_shape(shape, seed, transposed):
+    """Empty leading dims, width 1, odd widths, and a non-contiguous x (a transposed view)."""
+    cpu_fn = _impl("rms_norm", "cpu")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if transposed and x.dim() >= 2:
+        x = x.transpose(0, -1).contiguous().transpose(0, -1)      # same values, other strides
+    w = torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    out = []
+    for fn in (cpu_fn, get_impl("rms_norm", "function").fn):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fn(xi, wi, 1e-6)
+        y.backward(dy)
+        out.append((y, xi.grad, wi.grad))
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=SHAPE, seed=st.integers(0, 2**16), gate_second=st.booleans(),
+       act=st.sampled_from(["silu", "relu", "gelu", "gelu_tanh"]))
+def test_glu_packed_cpu_equals_its_torch_twin_on_any_shape(shape, seed, gate_second, act):
+    from fusebench.fuse.binding import pure_pair
+    _impl("glu", "cpu")
+    cpu, torch_pair = pure_pair("glu_packed", "cpu"), pure_pair("glu_packed", "function")
+    g = torch.Generator().manual_seed(seed)
+    ab = torch.randn(*shape[:-1], 2 * shape[-1], generator=g, dtype=torch.float64)
+    dp = torch.randn(shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(cpu.fwd(ab, act, gate_second),
+                               torch_pair.fwd(ab, act, gate_second), atol=1e-12, rtol=1e-10)
+    for a, b in zip(cpu.bwd(dp, ab, act, gate_second, True),
+                    torch_pair.bwd(dp, ab, act, gate_second, True)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_a_packed_gate_needs_an_even_width():
+    from fusebench.fuse.binding import pure_pair
+    _impl("glu", "cpu")
+    with pytest.raises(RuntimeError, match="even last dim"):
+        pure_pair("glu_packed", "cpu").fwd(torch.randn(2, 7), "silu", False)
