@@ -753,7 +753,15 @@ def test_each_mlp_spelling_is_one_mlp_site(cls, site_calls):
     assert site_calls == {"fused_mlp": 1} and ran(y) == {"mlp": 1}
 
 
-def _dist_rank(rank: int, init_file: str, out_dir: str) -> None:
+DIST_MODELS = {   # name -> (factory, input, sites)
+    "convnext_official": (lambda: convnext_official.make(layer_scale=0.5),
+                          lambda: torch.randn(2, 3, 32, 32,
+                                              generator=torch.Generator().manual_seed(1)),
+                          {"ln2d": 9, "mlp": 5, "dwconv": 5}),
+    "llama": (llama.make, lambda: llama_tokens()[0], LLAMA)}
+
+
+def _dist_rank(rank: int, init_file: str, out_dir: str, name: str) -> None:
     import json
 
     import torch.distributed as dist
@@ -761,11 +769,12 @@ def _dist_rank(rank: int, init_file: str, out_dir: str) -> None:
     from fusebench.cell.rank_cell import RankRun
     from fusebench.run.distributed import DistSettings
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    make, inputs, _ = DIST_MODELS[name]
+    x = inputs()
 
     def fresh():
         torch.manual_seed(0)
-        return convnext_official.make(layer_scale=0.5)
+        return make()
     ref = fresh()
     ref(x).square().mean().backward()
     expected = {n: p.grad for n, p in ref.named_parameters()}
@@ -785,19 +794,22 @@ def _dist_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_graph_sites_train_under_ddp_and_fsdp(tmp_path):
+@pytest.mark.parametrize("name", sorted(DIST_MODELS))
+def test_graph_sites_train_under_ddp_and_fsdp(tmp_path, name):
     """The graph pass keeps the param-count-in-forward invariant: the official-ConvNeXt-like
-    model, fused, gets the single-process gradients under DDP, FSDP1 and FSDP2."""
+    model and the LLaMA-like one (rms_norm and glu_mlp sites), fused, get the single-process
+    gradients under DDP, FSDP1 and FSDP2."""
     import json
     import os
 
     import torch.multiprocessing as mp
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_dist_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_dist_rank, args=(str(tmp_path / "init"), str(tmp_path), name), nprocs=2,
+             join=True)
     for rank in range(2):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for kind, r in out.items():
-            assert r["sites"] == {"ln2d": 9, "mlp": 5, "dwconv": 5}, kind
+            assert r["sites"] == DIST_MODELS[name][2], kind
             assert r["names_same"] and r["mismatch"] == [], (kind, r["mismatch"])
 
 
