@@ -1113,3 +1113,27 @@ def test_a_projection_split_otherwise_is_a_reason_not_a_packed_gate():
     r = fuse(ThirdsGlu(8), "train")
     assert not r.sites.get("glu_mlp")
     assert any("glu_mlp" in m and "other than in two halves" in m for _, m in r.notes), r.notes
+
+
+class WrittenSwish(nn.Module):         # timm's Swish module: x * x.sigmoid()
+    def __init__(self, inplace=False):
+        super().__init__()
+
+    def forward(self, x):
+        return x.mul(x.sigmoid())
+
+
+def test_a_written_out_act_after_batchnormact2d_drop_is_one_bn_act_site(site_calls):
+    """The identity `drop` between timm's F.batch_norm and a written-out act has two users
+    (the act reads it twice): still one site, float64 as eager, buffers too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                          timm_efficientnet.BatchNormAct2d(8, act_layer=WrittenSwish))
+    model = model.double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"bn_act": 1}
+    for _ in range(2):
+        y = assert_matches_eager(model, ref, (image(),))
+    assert ran(y) == {"bn_act": 1}
+    for b, c in zip(model.buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c)

@@ -64,7 +64,8 @@ def bn_act(n, scope):
     if act is None:
         return None
     bn, between = N.above_identities(N.x_of(n) if isinstance(act, str) else act.x,
-                                     scope.ctx.bench)
+                                     scope.ctx.bench,
+                                     frozenset() if isinstance(act, str) else {n, *act.nodes})
     call = N.batch_norm_call(bn, scope.m)
     if call is None:
         return None

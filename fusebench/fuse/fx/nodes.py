@@ -90,11 +90,14 @@ def identity_dropout(n, bench: str) -> bool:
     return p == 0 or (training is False) or (m is not None and bench == "infer")
 
 
-def above_identities(n, bench: str) -> tuple:
+def above_identities(n, bench: str, inside: frozenset = frozenset()) -> tuple:
     """(the node above n's identity dropouts, those dropouts): walking up through identities
-    that have no other user."""
+    that have no other user; n itself may have several, all in `inside` (a written-out
+    activation reads its input more than once: timm's BatchNormAct2d `act(drop(x))` with
+    `x * sigmoid(x)` as the act)."""
     skipped = []
-    while n is not None and identity_dropout(n, bench) and len(n.users) == 1:
+    while n is not None and identity_dropout(n, bench) and (
+            len(n.users) == 1 or (not skipped and set(n.users) <= inside)):
         skipped.append(n)
         n = x_of(n)
     return n, tuple(skipped)
