@@ -98,8 +98,9 @@ def test_triton_kernels_under_autocast(monkeypatch):
 
 
 def test_triton_llama_kernels_under_autocast(monkeypatch):
-    """The rms_norm and glu Triton kernels (fused mode's CUDA binding), interpreted on CPU,
-    inside a LLaMA-like step under bf16 autocast."""
+    """The rms_norm and glu Triton kernels (glu: fused mode's CUDA binding; rms_norm there on
+    request, impls={"rms_norm": "triton"}), interpreted on CPU, inside a LLaMA-like step under
+    bf16 autocast."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")

@@ -171,9 +171,11 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
 
 
 # cpu: one read of x per direction, 3.6-3.9x aten's F.rms_norm fwd+bwd at (8, 256, 256), 1 and
-# 2 threads (benchmarks/llama_parts.py, docs/fused.md). CUDA: the Triton kernel, not yet timed
-# against aten there.
-RMS_NORM_PREFERRED = {"cuda": "triton", "cpu": "cpu"}
+# 2 threads (benchmarks/llama_parts.py, docs/fused.md); on CPU aten composes F.rms_norm of
+# pow / mean / rsqrt / mul. CUDA: aten's F.rms_norm, which has a fused CUDA kernel
+# (aten::_fused_rms_norm): a written-out RMSNorm becomes that one call; the Triton kernel
+# (`impls={"rms_norm": "triton"}`) is not yet timed against it.
+RMS_NORM_PREFERRED = {"cuda": "eager", "cpu": "cpu"}
 
 
 def resolve_rms_norm(device: str, notes: list, impl: str | None = None) -> tuple[str, Callable]:

@@ -1,5 +1,6 @@
 """rms_norm (graph): RMSNorm over the last dim, in the spellings user code has for it, -> the
-device's rms_norm kernel (one read of x per direction; saves x and a float per row):
+device's rms_norm kernel (CPU: ours, one read of x per direction, saving x and a float per row;
+CUDA: aten's fused F.rms_norm, binding.RMS_NORM_PREFERRED):
   torch.nn.RMSNorm (with a weight), F.rms_norm(x, (C,), w, eps)
   written out, LLaMA / HF / T5 style: w * (x * rsqrt(mean(x**2 | x.pow(2) | x*x, -1,
   keepdim=True) + eps)), or (...) * w, or x / sqrt(ms + eps); with the float32 casts those
