@@ -69,6 +69,27 @@ def test_quick_runs_a_token_model_without_its_image_size():
         plan_run(RunRequest(models=GPT, modes="eager", quick=True, img_sizes="64"))
 
 
+def test_a_failed_cell_of_a_token_model_under_quick_says_no_size_ran(tmp_path):
+    """A token model that fails after making its inputs: the worker's error record carries
+    the size the cell noted (none), not --quick's preset 96 px."""
+    from fusebench.cell.worker import run
+    from fusebench.spec import CellSpec
+    f = tmp_path / "broken.py"
+    f.write_text("import torch\n"
+                 "class M(torch.nn.Module):\n"
+                 "    def __init__(self):\n"
+                 "        super().__init__()\n        self.e = torch.nn.Embedding(8, 4)\n"
+                 "    def forward(self, idx):\n        raise ValueError('broken on purpose')\n"
+                 "def make():\n    return M()\n"
+                 "def example_inputs(b, device, dtype):\n"
+                 "    return (torch.zeros(b, 3, dtype=torch.long),)\n")
+    spec = CellSpec.for_model(f"{f}:make", "eager", batch_size=2, img_size=96,
+                              size_preset=True, warmup=1, steps=1)
+    rec = run(spec.to_dict())
+    assert rec["status"] == "error" and "broken on purpose" in rec["error"]["message"]
+    assert rec["spec"]["model"]["img_size"] is None
+
+
 def test_an_img_size_for_a_model_with_its_own_inputs_is_refused_at_planning(capsys):
     """tiny_gpt's example_inputs() sits in its module: one line, exit 2, no cell run."""
     from fusebench.cli import main

@@ -29,6 +29,7 @@ class Reporter:
                  clock: Callable[[], float] = time.monotonic):
         self._on_phase, self._on_state, self._clock = on_phase, on_state, clock
         self._phase, self._t0, self.total = "start", clock(), 0
+        self.facts: dict = {}      # what note() said, for the worker's own error record
 
     @classmethod
     def of(cls, phase_fn) -> "Reporter":
@@ -42,6 +43,7 @@ class Reporter:
 
     def note(self, **facts) -> None:
         """Facts the runner keeps for a record it may have to write itself (img_size, ...)."""
+        self.facts.update(facts)
         self._on_state({"note": facts})
 
     def expect(self, total: int) -> None:

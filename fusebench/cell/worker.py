@@ -33,10 +33,11 @@ def run(spec_dict: dict) -> dict:
 
     spec = CellSpec.from_dict(spec_dict)
     threads = set_threads(spec.threads)
+    reporter = Reporter()
     try:
         load_plugins()
         module = importlib.import_module(CELL_RUNNERS[spec.kind])
-        rec = module.run_cell(spec, Reporter()).to_dict()
+        rec = module.run_cell(spec, reporter).to_dict()
     except BaseException as e:  # every failure in the cell becomes its record
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -44,9 +45,20 @@ def run(spec_dict: dict) -> dict:
         status = "oom" if _is_oom(e) else "error"
         first = first_line(e, 500)
         etype = "UsageError" if isinstance(e, UsageError) else type(e).__name__
-        rec = Record(spec, status, error=ErrorInfo(etype, first)).to_dict()
+        rec = Record(ran_at(spec, reporter.facts), status,
+                     error=ErrorInfo(etype, first)).to_dict()
     rec.setdefault("extra", {})["threads"] = threads
     return rec
+
+
+def ran_at(spec, facts: dict):
+    """spec with the image size the cell noted it ran at (None: the model made its own inputs,
+    so a --quick preset size was not run), for a record the cell did not finish itself."""
+    if spec.model is None or "img_size" not in facts:
+        return spec
+    img = facts["img_size"]
+    ok = img is None or (isinstance(img, int) and not isinstance(img, bool))
+    return spec.with_model(img_size=img) if ok else spec
 
 
 # environment variables that set the thread pools when --threads does not

@@ -126,8 +126,9 @@ def fits_batch(req: RunRequest, specs: list[CellSpec]) -> bool:
 def _check_models(names: list[str], kwargs: dict[str, str], sizes: list[int | None],
                   timeout: float, device: str, sizes_given: bool = False) -> list[str]:
     """Each model resolves and takes the --model-kwargs and every --img-size (sizes_given: the
-    user's, not --quick's preset); unknown kwargs fail here, not in every worker. User files and plugin models are checked by the probe
-    (run/probe.py): the CLI never imports user code."""
+    user's, not --quick's preset); unknown kwargs fail here, not in every worker. User files
+    and plugin models are checked by the probe (run/probe.py): the CLI never imports user
+    code."""
     from fusebench.loading import check_ref
     from fusebench.models.source import coerce_kwargs, resolve_model
     from fusebench.run import probe

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusebench.cell.worker import ran_at
 from fusebench.run import distributed
 from fusebench.run import forkserver, killed
 from fusebench.run.progress import CellState
@@ -153,10 +154,8 @@ class _Worker:
         """A record for a worker that left none: the spec, how it ended, and from its last
         state the image size it ran at, its first call's time and how far it got (phase,
         steps, samples)."""
-        img, first = (self.state.facts.get(k) for k in ("img_size", "first_call_s"))
-        spec = self.spec
-        if spec.model is not None and isinstance(img, int) and not isinstance(img, bool):
-            spec = spec.with_model(img_size=img)
+        first = self.state.facts.get("first_call_s")
+        spec = ran_at(self.spec, self.state.facts)
         return Record(spec, status, error=err, compile_s=(
             first if isinstance(first, (int, float)) and first >= 0 else None), extra={
             "exit_code": rc, "signal": (signal.Signals(-rc).name if isinstance(rc, int) and rc < 0
