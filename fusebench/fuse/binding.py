@@ -26,6 +26,7 @@ from fusebench.kernels.bn_act import triton as bn_act_triton
 from fusebench.kernels.ln2d import auto as ln2d_auto
 from fusebench.kernels.ln2d import cpu as ln2d_cpu
 from fusebench.kernels.rms_norm import cpu as rms_norm_cpu
+from fusebench.kernels.rms_norm import triton as rms_norm_triton
 
 
 @dataclass(frozen=True)
@@ -178,10 +179,16 @@ def resolve_ln2d(device: str, notes: list) -> tuple[str, Callable]:
 RMS_NORM_PREFERRED = {"cuda": "eager", "cpu": "cpu"}
 
 
-def resolve_rms_norm(device: str, notes: list, impl: str | None = None) -> tuple[str, Callable]:
-    """(impl name, fn(x, weight, eps)) for the rms_norm sites of this fuse(), or `function` with a
-    kernel_fallback note when the preferred one cannot run here. cpu runs as an
-    autograd.Function (RMSNormCpuFunction): no custom-op dispatch per call."""
+# the input dtypes each native rms_norm impl takes (the torch ones take any)
+RMS_NORM_DTYPES = {"cpu": rms_norm_cpu.DTYPES, "triton": rms_norm_triton.DTYPES}
+
+
+def resolve_rms_norm(device: str, notes: list,
+                     impl: str | None = None) -> tuple[str, Callable, tuple | None]:
+    """(impl name, fn(x, weight, eps), the dtypes it takes or None for any) for the rms_norm
+    sites of this fuse(), or `function` with a kernel_fallback note when the preferred one
+    cannot run here. cpu runs as an autograd.Function (RMSNormCpuFunction): no custom-op
+    dispatch per call."""
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
     name = impl or RMS_NORM_PREFERRED[device_type]
     ok, reason = get_impl("rms_norm", name).available(str(device))
@@ -193,7 +200,7 @@ def resolve_rms_norm(device: str, notes: list, impl: str | None = None) -> tuple
         name = FALLBACK_IMPL
     notes.append(("info", f"rms_norm: kernel = '{name}'"))
     fn = rms_norm_cpu.rms_norm_cpu_function if name == "cpu" else get_impl("rms_norm", name).fn
-    return name, fn
+    return name, fn, RMS_NORM_DTYPES.get(name)
 
 
 @dataclass(frozen=True)

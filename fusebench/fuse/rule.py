@@ -62,7 +62,7 @@ class FuseContext:
     bench: str
     device: str
     ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
-    rms_norm: tuple[str, Callable] | None = None  # (impl name, fn), resolved once
+    rms_norm: tuple | None = None                 # (impl name, fn, dtypes), resolved once
     dwconv: bool | None = None                    # the dwconv kernel built here, checked once
     covered: set[int] = field(default_factory=set)    # ids of modules a graph site absorbed
     notes: list[tuple[str, str]] = field(default_factory=list)   # (event category, message)

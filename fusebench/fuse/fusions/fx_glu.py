@@ -57,27 +57,31 @@ def glu_mlp_kernel(fwd_gate, bwd_gate, impl: str, act: str) -> MultiOpKernel:
     return MultiOpKernel(f"glu_mlp[{act},{impl}]", fwd, bwd)
 
 
-def glu_mlp_site(ctx, act: str) -> Site:
-    """run(x, wg, bg, wu, bu, wd, bd[, res]) with the glu kernel bound for this fuse(); plain
-    torch ops for a dtype the bound C++ kernel does not take (float16 on CPU)."""
-    pair = ctx.act("glu")
-    kernel = glu_mlp_kernel(pair.fwd, pair.bwd, pair.impl, act)
-    torch_kernel = glu_mlp_kernel(glu_fwd, glu_bwd, "function", act)
-
-    def run(x, wg, bg, wu, bu, wd, bd, *res):
-        k = torch_kernel if pair.impl == "cpu" and x.dtype not in CPU_DTYPES else kernel
-        return _run(k, x, ((wg, bg), (wu, bu), (wd, bd)), res, wd)
-    return Site("fused_glu_mlp", run)
-
-
-def _run(kernel, x, groups, res, wd):
-    """The kernel's Function on x, with the residual (a 1-tuple, or empty) folded into the
+def glu_mlp_site(ctx, act: str, packed: bool, gate_second: bool = False) -> Site:
+    """run(x, (weight, bias) per Linear..., [res]): the projections (gate and up, or the
+    packed one) then down, with the glu pair bound for this fuse(); plain torch ops for a
+    dtype the bound C++ kernel does not take (float16 on CPU). The residual folds into the
     down projection's GEMM where its layout lets it."""
-    if not res:
-        return run_ops(kernel, x, groups)
-    if not foldable(res[0], x, wd, "linear"):
-        return run_ops(kernel, x, groups) + res[0]        # eager's add, the same numbers
-    return run_ops_residual(kernel, x, groups, res[0])
+    pair = ctx.act("glu_packed" if packed else "glu")
+    if packed:
+        kernel = glu_packed_kernel(pair.fwd, pair.bwd, pair.impl, act, gate_second)
+        torch_kernel = glu_packed_kernel(glu_packed_fwd, glu_packed_bwd, "function", act,
+                                         gate_second)
+    else:
+        kernel = glu_mlp_kernel(pair.fwd, pair.bwd, pair.impl, act)
+        torch_kernel = glu_mlp_kernel(glu_fwd, glu_bwd, "function", act)
+    n = 4 if packed else 6                       # weight and bias of each Linear
+
+    def run(x, *args):
+        k = torch_kernel if pair.impl == "cpu" and x.dtype not in CPU_DTYPES else kernel
+        groups = tuple(zip(args[:n:2], args[1:n:2]))
+        wd, res = args[n - 2], args[n:]
+        if not res:
+            return run_ops(k, x, groups)
+        if not foldable(res[0], x, wd, "linear"):
+            return run_ops(k, x, groups) + res[0]        # eager's add, the same numbers
+        return run_ops_residual(k, x, groups, res[0])
+    return Site("fused_glu_mlp", run)
 
 
 @functools.cache
@@ -188,16 +192,8 @@ def _packed_hit(n, down, mul, drops, got, scope):
             and set(mul.users) <= inner):
         return Miss("glu_mlp", "an intermediate output is used elsewhere too")
     out, res, skipped = _residual(n, scope)
-    pair = scope.ctx.act("glu_packed")
-    kernel = glu_packed_kernel(pair.fwd, pair.bwd, pair.impl, kind, gate_second)
-    torch_kernel = glu_packed_kernel(glu_packed_fwd, glu_packed_bwd, "function", kind,
-                                     gate_second)
     args = tuple(a and Attr(a) for a in (proj.weight, proj.bias, down.weight, down.bias))
-
-    def run(x, w, b, wd, bd, *res):
-        k = torch_kernel if pair.impl == "cpu" and x.dtype not in CPU_DTYPES else kernel
-        return _run(k, x, ((w, b), (wd, bd)), res, wd)
-    site = Site("fused_glu_mlp", run)
+    site = glu_mlp_site(scope.ctx, kind, True, gate_second)
     return Hit("glu_mlp", out, site, (proj.x, *args, *([res] if res is not None else [])),
                (n, mul, *drops, act_node, *act.nodes, gate_item, up_item, chunk, proj_node,
                 *proj.inner, *down.inner, *skipped))
@@ -237,7 +233,7 @@ def glu_mlp(n, scope):
     out, res, skipped = _residual(n, scope)
     args = tuple(a and Attr(a) for a in (gate.weight, gate.bias, up.weight, up.bias,
                                           down.weight, down.bias))
-    site = glu_mlp_site(scope.ctx, kind)
+    site = glu_mlp_site(scope.ctx, kind, False)
     return Hit("glu_mlp", out, site, (gate.x, *args, *([res] if res is not None else [])),
                (n, mul, *drops, act_node, *act.nodes, gate_node, up_node, *gate.inner,
                 *up.inner, *down.inner, *skipped))

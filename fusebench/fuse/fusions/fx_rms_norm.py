@@ -22,8 +22,6 @@ from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 
 CASTS = ("to", "float", "type_as")
-KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
-                 "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 
 
 def _spelled(x, w, eps, up: tuple[bool, bool], down: bool):
@@ -42,12 +40,11 @@ def rms_norm_site(ctx, eps: float | None, fallback, in_float32: bool = False) ->
     the kernel's). eps None is nn.RMSNorm's default: the machine epsilon of x's dtype."""
     if ctx.rms_norm is None:
         ctx.rms_norm = resolve_rms_norm(ctx.device, ctx.notes, ctx.impls.get("rms_norm"))
-    _, fn = ctx.rms_norm
+    _, fn, takes = ctx.rms_norm
 
     def run(x, w):
         e = torch.finfo(x.dtype).eps if eps is None else eps
-        takes = KERNEL_DTYPES["cuda" if x.is_cuda else "cpu"]
-        if x.dtype == w.dtype and x.dtype in takes and x.dim() >= 1 \
+        if x.dtype == w.dtype and (takes is None or x.dtype in takes) and x.dim() >= 1 \
                 and not (in_float32 and x.dtype == torch.float64):
             return fn(x, w, e)
         return fallback(x, w, e)

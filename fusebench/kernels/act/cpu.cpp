@@ -479,8 +479,8 @@ at::Tensor glu_packed_forward(const at::Tensor& ab_, int64_t act, bool gate_seco
   auto shape = ab.sizes().vec();
   const int64_t H = shape.back() / 2;
   shape.back() = H;
-  at::Tensor p = fusebench::empty_output(at::empty(shape, ab.options()),
-                                         at::MemoryFormat::Contiguous);
+  at::Tensor p = at::empty(shape, ab.options());       // ab's shape, half its last dim
+  fusebench::advise_huge_pages(p);
   const auto g = rows_of(p, H, 2 * H, 2 * H);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ab.scalar_type(), "glu_packed_forward", [&] {
     const scalar_t* base = ab.const_data_ptr<scalar_t>();

@@ -176,7 +176,8 @@ def bias_gelu_triton(x, bias, approximate: str = "none"):
 
 
 # ------------------------------------------------------------------------------- GLU gates
-GLU_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}   # _triton_kernels' ACT
+# _triton_kernels' ACT, the same codes as cpu_math.h's ActCode (glu/native.py passes them to C++)
+GLU_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 
 def _pair_dense(a, b):

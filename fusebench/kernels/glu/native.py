@@ -7,24 +7,24 @@ from fusebench.kernels.act import cpu, triton
 from fusebench.kernels.glu.function import checked_act, glu_function
 from fusebench.kernels.registry import register_impl
 
-CPU_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}    # cpu_math.h's ActCode
+CODES = triton.GLU_CODES     # cpu_math.h's ActCode, which the Triton kernels use too
 
 
 def glu_cpu_fwd(a, b, act: str = "silu"):
-    return cpu.extension().glu_forward(a, b, CPU_CODES[act])
+    return cpu.extension().glu_forward(a, b, CODES[act])
 
 
 def glu_cpu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
-    return tuple(cpu.extension().glu_backward(dp, a, b, CPU_CODES[act], want_p))
+    return tuple(cpu.extension().glu_backward(dp, a, b, CODES[act], want_p))
 
 
 def glu_packed_cpu_fwd(ab, act: str = "silu", gate_second: bool = False):
-    return cpu.extension().glu_packed_forward(ab, CPU_CODES[act], gate_second)
+    return cpu.extension().glu_packed_forward(ab, CODES[act], gate_second)
 
 
 def glu_packed_cpu_bwd(dp, ab, act: str = "silu", gate_second: bool = False,
                        want_p: bool = False):
-    return tuple(cpu.extension().glu_packed_backward(dp, ab, CPU_CODES[act], gate_second,
+    return tuple(cpu.extension().glu_packed_backward(dp, ab, CODES[act], gate_second,
                                                      want_p))
 
 

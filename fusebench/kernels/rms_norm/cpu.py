@@ -7,6 +7,7 @@ import torch
 
 from fusebench.kernels.build import CppKernel
 from fusebench.kernels.registry import register_impl
+from fusebench.kernels.rms_norm.function import rms_norm_function_class
 
 EXT_NAME = "fusebench_rms_norm_cpu"
 SOURCE = Path(__file__).with_name("cpu.cpp")
@@ -83,22 +84,16 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return torch.ops.fusebench.rms_norm_cpu_forward(x, weight, float(eps))[0]
 
 
-class RMSNormCpuFunction(torch.autograd.Function):
-    """The same kernel pair without the custom op's per-call dispatch, for the fuser (eager
-    callers; ln2d's LN2dCpuFunction says why). Saves what the op saves."""
+def _checked_forward(x, weight, eps):
+    _check(x, weight)
+    return tuple(extension().forward(x, weight, eps))
 
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        _check(x, weight)
-        y, rstd = extension().forward(x, weight, float(eps))
-        ctx.save_for_backward(x, weight, rstd)
-        return y
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = extension().backward(dy, x, rstd, weight)
-        return dx, dw, None
+# The same kernel pair without the custom op's per-call dispatch, for the fuser (eager callers;
+# ln2d's LN2dCpuFunction says why). Saves what the op saves.
+RMSNormCpuFunction = rms_norm_function_class(
+    _checked_forward, lambda dy, x, weight, rstd: tuple(extension().backward(dy, x, rstd, weight)),
+    "RMSNormCpuFunction", once=True)
 
 
 def rms_norm_cpu_function(x, weight, eps):

@@ -32,18 +32,26 @@ def rms_norm_bwd(dy, x, weight, rstd):
     return dx.to(x.dtype), dw.to(weight.dtype)
 
 
-class RMSNormFunction(torch.autograd.Function):
-    @staticmethod
+def rms_norm_function_class(fwd, bwd, name: str, once: bool = False) -> type:
+    """An autograd.Function over a pure pair of this family, fwd(x, weight, eps) -> (y, rstd)
+    and bwd(dy, x, weight, rstd) -> (dx, dweight), saving x, the weight and rstd only (the
+    torch impl here, the C++ and Triton ones in cpu.py / triton.py). once: the backward is
+    native code, so a double backward must fail, not return zeros."""
     def forward(ctx, x, weight, eps):
-        y, rstd = rms_norm_fwd(x, weight, eps)
+        y, rstd = fwd(x, weight, float(eps))
         ctx.save_for_backward(x, weight, rstd)
         return y
 
-    @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x, weight, rstd)
-        return dx, dw, None
+        return (*bwd(dy, x, weight, rstd), None)
+    if once:
+        backward = torch.autograd.function.once_differentiable(backward)
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+RMSNormFunction = rms_norm_function_class(rms_norm_fwd, rms_norm_bwd, "RMSNormFunction")
 
 
 @register_impl("rms_norm", "function")

@@ -6,6 +6,7 @@ import functools
 import torch
 
 from fusebench.kernels.registry import register_impl
+from fusebench.kernels.rms_norm.function import rms_norm_function_class
 from fusebench.kernels.triton_support import available, triton_cdiv, triton_next_pow2
 
 __all__ = ["available"]
@@ -66,19 +67,8 @@ def rms_norm_triton_bwd(dy, x, weight, rstd):
     return dx, parts.sum(0).to(weight.dtype)
 
 
-class RMSNormTritonFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        y, rstd = rms_norm_triton_fwd(x, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_triton_bwd(dy, x, weight, rstd)
-        return dx, dw, None
+RMSNormTritonFunction = rms_norm_function_class(rms_norm_triton_fwd, rms_norm_triton_bwd,
+                                                "RMSNormTritonFunction", once=True)
 
 
 @register_impl("rms_norm", "triton", available=available)
