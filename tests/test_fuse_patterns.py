@@ -24,7 +24,8 @@ from fusebench.modes import get_mode
 from tests.helpers import assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import (convnext_official, hf_efficientnet, hf_gpt2, llama,  # noqa: E402
+from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
+                    llama,
                     nano_gpt, timm_efficientnet, tv_efficientnet, tv_mobilenet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
@@ -40,6 +41,17 @@ def image():
 def tokens():
     return (torch.randint(0, nano_gpt.VOCAB, (2, nano_gpt.CONTEXT),
                           generator=torch.Generator().manual_seed(1)),)
+
+
+def unet_inputs():
+    return diffusion_unet.make_plain().example_inputs(2, "cpu", torch.float64)
+
+
+# GroupNorm -> SiLU: two diffusers ResnetBlock2Ds and four ResBlocks (in / out layers), 2 each,
+# and the VAE-style norm_out with a written-out swish; the attention block's GroupNorm has no
+# act (aten's); the time embedding's Linear -> SiLU -> Linear (mlp); the SiLUs before the
+# blocks' time projections (silu_me)
+UNET = {"gn_act": 13, "mlp": 1, "silu_me": 4}
 
 
 def llama_tokens():
@@ -68,6 +80,7 @@ ASSETS = {
     "llama_meta": (llama.make_meta, llama_tokens, LLAMA),
     "llama_torch_rmsnorm": (llama.make_torch_rmsnorm, llama_tokens, LLAMA),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
+    "diffusion_unet": (diffusion_unet.make_plain, unet_inputs, UNET),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        EFFNET),
     # BatchNormAct2d: F.batch_norm inside an nn.BatchNorm2d subclass, an nn.Identity before
@@ -100,6 +113,7 @@ SITE_NAME = {"se_gate": "fused_se"}
 
 
 BY_CALLS = ("ln2d", "conv1x1", "rms_norm")   # sites without a MultiOpFunction: site calls
+MODULE_RULES = ("dwconv", "silu_me")        # module swaps, not graph sites: no site calls
 
 
 def runs(expected: dict) -> dict:
@@ -119,6 +133,8 @@ def ran(y: torch.Tensor) -> Counter:
         if name in FUSED_NODES:
             out.update(p for p, pre in KERNEL_PREFIX.items() if node.kernel.name.startswith(pre))
         out["dwconv"] += name == "DwConvCpuFunctionBackward"
+        out["gn_act"] += name == "GNActCpuFunctionBackward"
+        out["silu_me"] += name == "SiLUFunctionBackward"
     return +out
 
 
@@ -164,7 +180,7 @@ def test_asset_sites_fuse_and_match_float64_eager(name, site_calls):
     assert list(dict(model.named_parameters()).items()) == list(params.items())
     assert all(params[n] is p for n, p in model.named_parameters())
     graph_sites = {SITE_NAME.get(k, f"fused_{k}"): n for k, n in expected.items()
-                   if k != "dwconv" and (k in runs(expected) or k in BY_CALLS)}
+                   if k not in MODULE_RULES and (k in runs(expected) or k in BY_CALLS)}
     for _ in range(2):                 # second step: BN running statistics updated alike
         model.zero_grad()
         ref.zero_grad()
@@ -652,7 +668,8 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                # conv_bn_fold_seq counts Sequentials: the stem's and each block's
                "mobilenet_v3_written_out": {"conv_bn_fold_seq": 3, "se_gate": 2},
                "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1,
-                                   "se_gate": 2}}
+                                   "se_gate": 2},
+               "diffusion_unet": UNET}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

@@ -4,7 +4,10 @@ The mode's step is compared with eager on the same weights and inputs. Where a f
 the reference is float64 eager and the tolerance SLACK x eager's own error against it. Where it
 does not, the reference is eager in the run dtype, and eager's own error is still measured
 against float64, on the largest sub-batch whose float64 copy fits: the same "k x eager's error"
-rule, never a bare tolerance. `extra["correctness_reference"]` says which was used."""
+rule, never a bare tolerance. A model that cannot run in float64 at all (its own code casts to
+float32 next to float64 parameters: guided-diffusion's and Stable Diffusion's GroupNorm32) is
+checked against eager in the run dtype at the bare tolerance, and the check says why.
+`extra["correctness_reference"]` says which was used."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from fusebench.cell.model_step import Loss, eager_step
+from fusebench.errors import first_line
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
 from fusebench.models.inputs import ModelInputs
@@ -62,6 +66,7 @@ class ReferenceRunner:
         self.spec, self.autocast, self.inputs, self.loss = spec, autocast, inputs, loss
         self.train = spec.model.bench == "train"
         self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
+        self.no_float64: str | None = None   # why the model fails in float64, once it did
 
     def check(self, at: str, got: corr.StepResult, state: dict,
               working_set: int | None, inputs: ModelInputs | None = None) -> corr.Check:
@@ -71,17 +76,21 @@ class ReferenceRunner:
         n = float64_batch(torch.device(self.spec.device), working_set, batch)
         self.model.load_state_dict(state)
         eager = _clone(self._eager(inputs.args, self.loss))
-        if n == batch:
-            ref = self._float64(inputs.reference(), self.loss)
-            return corr.check_step(at, got, ref, eager, self.tol, "float64")
+        if n == batch and self.no_float64 is None:
+            ref = self._float64_or_none(inputs.reference(), self.loss)
+            if ref is not None:
+                return corr.check_step(at, got, ref, eager, self.tol, "float64")
         err, note = None, "(no float64 copy fits: bare tolerance)"
-        if n:
+        if n and n < batch and self.no_float64 is None:
             self.model.load_state_dict(state)
             args, loss = _sub_args(inputs.args, batch, n), self.loss.sub(n)
             sub_eager = _clone(self._eager(args, loss))
-            sub_ref = self._float64(ModelInputs(args).reference(), loss)
-            err = corr.eager_error(sub_eager, sub_ref, self.tol)
-            note = f"(eager's own error from float64 on a sub-batch of {n})"
+            sub_ref = self._float64_or_none(ModelInputs(args).reference(), loss)
+            if sub_ref is not None:
+                err = corr.eager_error(sub_eager, sub_ref, self.tol)
+                note = f"(eager's own error from float64 on a sub-batch of {n})"
+        if self.no_float64 is not None:
+            note = f"(the model fails in float64: {self.no_float64}; bare tolerance)"
         return corr.check_step(at, got, eager, eager, self.tol, self.spec.dtype, err, note)
 
     def _eager(self, args: tuple, loss: Loss) -> corr.StepResult:
@@ -89,6 +98,15 @@ class ReferenceRunner:
             return eager_step(self.model, args, loss, self.train, self.autocast)
         finally:   # the caller clones what it keeps: no reference grads live through timing
             self.model.zero_grad(set_to_none=True)
+
+    def _float64_or_none(self, args: tuple, loss: Loss) -> corr.StepResult | None:
+        """The float64 step, or None (and why, kept: later checks skip it) where the model's
+        own code fails in float64: an error there is the model's, not the mode's under test."""
+        try:
+            return self._float64(args, loss)
+        except (RuntimeError, TypeError, ValueError) as e:
+            self.no_float64 = first_line(str(e))
+            return None
 
     def _float64(self, args: tuple, loss: Loss) -> corr.StepResult:
         m64 = copy.deepcopy(self.model).double()

@@ -23,6 +23,9 @@ from fusebench.kernels.act import cpu as act_cpu
 from fusebench.kernels.act import triton as act_triton
 from fusebench.kernels.bn_act import cpu as bn_act_cpu
 from fusebench.kernels.bn_act import triton as bn_act_triton
+from fusebench.kernels.bn_act.reference import ACTS
+from fusebench.kernels.gn_act import cpu as gn_act_cpu
+from fusebench.kernels.gn_act import triton as gn_act_triton
 from fusebench.kernels.ln2d import auto as ln2d_auto
 from fusebench.kernels.ln2d import cpu as ln2d_cpu
 from fusebench.kernels.rms_norm import cpu as rms_norm_cpu
@@ -241,3 +244,48 @@ def resolve_bn_act(device: str, notes: list, impl: str | None = None) -> BnActIm
     notes.append(("info", f"bn_act: kernel = '{name}'"))
     return None if mod is None else BnActImpl(name, mod.forward, mod.backward, mod.runs_on,
                                                  mod.apply)
+
+
+@dataclass(frozen=True)
+class GnActImpl:
+    """The GroupNorm + act impl of one fuse(): fn(x, w, b, groups, eps, act) -> y (an
+    autograd.Function saving x and the (N, G) statistics, or aten's sequence) and which x it
+    computes, runs_on(x, groups) (other x run aten's sequence)."""
+    name: str
+    fn: Callable
+    runs_on: Callable
+
+
+def _aten_gn_act(x, w, b, groups: int, eps: float, act: str):
+    return ACTS[act](torch.nn.functional.group_norm(x, groups, w, b, eps))
+
+
+GN_ACT_IMPLS = {"cpu": gn_act_cpu, "triton": gn_act_triton}
+# cpu: one stats + one write pass forward, two passes backward, saving x only; GroupNorm + SiLU
+# fwd+bwd 1.1-2.3x aten's at diffusion UNet shapes, both layouts (benchmarks/unet_parts.py,
+# docs/fused.md). CUDA keeps aten's sequence until the Triton kernel is timed against it there
+# (`--fused-gn-act triton` runs it).
+GN_ACT_PREFERRED = {"cuda": "aten", "cpu": "cpu"}
+
+
+def resolve_gn_act(device: str, notes: list, impl: str | None = None) -> GnActImpl:
+    """The gn_act impl for this fuse(), with an `info` event naming it; aten's sequence with a
+    kernel_fallback note when the preferred kernel cannot run here. Resolved once."""
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    name = impl or GN_ACT_PREFERRED[device_type]
+    mod = GN_ACT_IMPLS.get(name)
+    if mod is not None:
+        ok, reason = mod.available(str(device))
+        if ok and name == "cpu":
+            ok, reason = mod.build()             # a compile error shows up here, not mid-step
+        if not ok:
+            notes.append(("kernel_fallback", f"gn_act '{name}' unavailable ({reason}); "
+                                             f"ran 'aten' instead"))
+            mod, name = None, "aten"
+    elif name != "aten":
+        raise KeyError(f"gn_act impl {name!r}: one of aten, {', '.join(GN_ACT_IMPLS)}")
+    notes.append(("info", f"gn_act: kernel = '{name}'"))
+    if mod is None:
+        return GnActImpl("aten", _aten_gn_act, lambda x, groups: False)
+    function = mod.GNActCpuFunction if name == "cpu" else mod.GNActTritonFunction
+    return GnActImpl(name, function.apply, mod.runs_on)

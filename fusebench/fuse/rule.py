@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.binding import BnActImpl, Pure, bind_act, resolve_bn_act
+from fusebench.fuse.binding import BnActImpl, GnActImpl, Pure, bind_act, resolve_bn_act
 from fusebench.registry import Registry
 
 
@@ -63,6 +63,7 @@ class FuseContext:
     device: str
     ln2d: tuple[str, Callable] | None = None      # (impl name, fn), resolved once
     rms_norm: tuple | None = None                 # (impl name, fn, dtypes), resolved once
+    gn_act: GnActImpl | None = None               # resolved once (binding.resolve_gn_act)
     dwconv: bool | None = None                    # the dwconv kernel built here, checked once
     covered: set[int] = field(default_factory=set)    # ids of modules a graph site absorbed
     notes: list[tuple[str, str]] = field(default_factory=list)   # (event category, message)

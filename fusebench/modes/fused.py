@@ -17,7 +17,8 @@ from fusebench.modes.base import Mode, device_of
 class Fused(Mode):
     name = "fused"
     description = ("fusebench op fuser (matches what the code computes, via torch.fx): LN2d "
-                   "kernel, BN+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv backward; "
+                   "kernel, BN+act, GroupNorm+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv "
+                   "backward, RMSNorm, gated MLP; "
                    "conv+BN folding for inference")
 
     options = (
@@ -40,6 +41,12 @@ class Fused(Mode):
                         "aten's sequence on CUDA until the Triton kernel wins there), aten, cpu, "
                         "triton; one that cannot run here runs aten's sequence with a "
                         "kernel_fallback event."),
+        ModeOption("fused_gn_act", str, choices=("auto", "aten", "cpu", "triton"),
+                   default="auto",
+                   help="fused: the GroupNorm + activation kernel: auto (the C++ kernel on CPU, "
+                        "aten's sequence on CUDA until the Triton kernel is timed there), aten, "
+                        "cpu, triton; one that cannot run here runs aten's sequence with a "
+                        "kernel_fallback event."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -59,8 +66,8 @@ class Fused(Mode):
         bench = options.get("bench", "train")
         opt_in = ("ln_linear",) if self.opts(options)["fused_ln_linear"] else ()
         device = device_of(model, example_inputs)
-        bn_act = self.opts(options)["fused_bn_act"]
-        impls = {} if bn_act == "auto" else {"bn_act": bn_act}
+        impls = {family: choice for family in ("bn_act", "gn_act")
+                 if (choice := self.opts(options)[f"fused_{family}"]) != "auto"}
         result = fuse(model, bench, device, impls=impls, opt_in=opt_in)
         for category, msg in result.notes:
             events.add(category, "fuser", msg)

@@ -29,17 +29,17 @@ FUNCTIONS = {
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid",
     F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish",
     F.adaptive_avg_pool2d: "adaptive_avg_pool2d", F.rms_norm: "rms_norm",
-    torch.chunk: "chunk", torch.split: "split",
+    torch.chunk: "chunk", torch.split: "split", F.group_norm: "group_norm",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
-           "to", "float", "type_as", "chunk", "split"}
+           "to", "float", "type_as", "type", "chunk", "split"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
-    nn.Identity: "identity", nn.RMSNorm: "rms_norm",
+    nn.Identity: "identity", nn.RMSNorm: "rms_norm", nn.GroupNorm: "group_norm",
 }
 ACTS = ("silu", "relu", "gelu", "relu6", "hardswish")   # activations with a fused kernel here
 
@@ -336,3 +336,34 @@ def batch_norm_call(n, root: nn.Module) -> BnCall | str | None:
             and (m.momentum is None or arg(n, 6, "momentum", 0.1) == m.momentum))
     return BnCall(paths[0].rpartition(".")[0], m) if same else \
         f"{bad}: its eps, momentum or training flag differ from the module's"
+
+
+class GnCall(NamedTuple):
+    """What a group norm node computes: its input, groups, eps and parameter paths (None for
+    GroupNorm(affine=False))."""
+    x: fx.Node
+    groups: int
+    eps: float
+    weight: str | None
+    bias: str | None
+
+
+def group_norm_call(n) -> GnCall | str | None:
+    """The GnCall of an nn.GroupNorm call (or a subclass that keeps its forward) or of
+    F.group_norm on module parameters with constant groups and eps (a subclass's forward
+    calling it: guided-diffusion's GroupNorm32); a reason string for one that is neither;
+    None for anything else."""
+    if op(n) != "group_norm":
+        return None
+    m = module(n)
+    if m is not None:
+        w = f"{n.target}.weight" if m.affine else None
+        return GnCall(x_of(n), m.num_groups, m.eps, w, f"{n.target}.bias" if m.affine else None)
+    groups, eps = number(arg(n, 1, "num_groups")), number(arg(n, 4, "eps", 1e-5))
+    w, b = arg(n, 2, "weight"), arg(n, 3, "bias")
+    wp, bp = (last_param(t) if t is not None else None for t in (w, b))
+    if groups is None or eps is None or (w is None) != (b is None) or \
+            (w is not None and (wp is None or bp is None)):
+        return "functional group_norm whose groups / eps are not constants or whose weight " \
+               "and bias are not module parameters"
+    return GnCall(x_of(n), int(groups), eps, wp, bp)

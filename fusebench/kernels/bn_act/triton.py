@@ -16,7 +16,7 @@ from fusebench.kernels.registry import register_impl
 from fusebench.kernels.triton_support import (available, dense_layout, triton_cdiv,
                                               triton_next_pow2)
 
-__all__ = ["available", "forward", "backward", "runs_on"]
+__all__ = ["available", "backward", "channel_sums", "elementwise", "forward", "kernels", "runs_on"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_R, MAX_BLOCK_C = 64, 64      # a program's tile: rows x channels
@@ -24,7 +24,7 @@ TARGET_SPLITS = 256                # row slices per channel block in the reducti
 
 
 @functools.cache
-def _kernels():
+def kernels():
     from fusebench.kernels.bn_act import _triton_kernels
     return _triton_kernels
 
@@ -45,7 +45,7 @@ def _geometry(x: torch.Tensor):
     return R, C, HW, (x.stride(0), x.stride(1), x.stride(3)), block_c, per, triton_cdiv(R, per)
 
 
-def _sums(kernel, x, *args, act=None):
+def channel_sums(kernel, x, *args, act=None):
     """The (2, C) float64 channel sums of a reduction kernel over x's rows."""
     R, C, HW, strides, bc, per, splits = _geometry(x)
     parts = torch.empty((splits, 2, C), device=x.device, dtype=torch.float32)
@@ -55,7 +55,7 @@ def _sums(kernel, x, *args, act=None):
     return parts.double().sum(0)
 
 
-def _elementwise(kernel, x, *args, act: int):
+def elementwise(kernel, x, *args, act: int):
     R, C, HW, strides, bc, _, _ = _geometry(x)
     kernel[(triton_cdiv(R, BLOCK_R), triton_cdiv(C, bc))](*args, R, C, HW, *strides, ACT=act,
                                                          BLOCK_R=BLOCK_R, BLOCK_C=bc)
@@ -73,7 +73,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     x, fmt = dense_layout(x)
     R = x.numel() // x.shape[1]
     k = x[0, :, 0, 0].float().contiguous()                  # shift: each channel's first value
-    s = _sums(_kernels().stats_kernel, x, x, k)
+    s = channel_sums(kernels().stats_kernel, x, x, k)
     m = s[0] / R
     var = (s[1] / R - m * m).clamp_min(0)
     mean, invstd = k.double() + m, torch.rsqrt(var + eps)
@@ -83,7 +83,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
             running_var.mul_(1 - momentum).add_((momentum * var * R / (R - 1))
                                                 .to(running_var.dtype))
     y = torch.empty_like(x, memory_format=fmt)
-    _elementwise(_kernels().act_kernel, x, x, y, *_scale_shift(mean, invstd, weight, bias),
+    elementwise(kernels().act_kernel, x, x, y, *_scale_shift(mean, invstd, weight, bias),
                  act=ACT_CODES[act])
     return y, mean.float(), invstd.float()
 
@@ -92,7 +92,7 @@ def apply(x, weight, bias, mean, invstd, act: str):
     """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's act launch alone."""
     x, fmt = dense_layout(x)
     y = torch.empty_like(x, memory_format=fmt)
-    _elementwise(_kernels().act_kernel, x, x, y,
+    elementwise(kernels().act_kernel, x, x, y,
                  *_scale_shift(mean, invstd.double(), weight, bias), act=ACT_CODES[act])
     return y
 
@@ -105,12 +105,12 @@ def backward(dy, x, weight, bias, mean, invstd, act: str):
     idd = invstd.double()
     m, scale, shift = _scale_shift(mean, idd, weight, bias)
     code = ACT_CODES[act]
-    sg, sgx = _sums(_kernels().grad_sums_kernel, x, dy, x, scale, shift, m, act=code)
+    sg, sgx = channel_sums(kernels().grad_sums_kernel, x, dy, x, scale, shift, m, act=code)
     sd = scale.double()
     u = -sd * idd * idd * sgx / R
     o = -sd * sg / R
     dx = torch.empty_like(x, memory_format=fmt)
-    _elementwise(_kernels().dx_kernel, x, dy, x, dx, m, scale, shift, u.float(), o.float(),
+    elementwise(kernels().dx_kernel, x, dy, x, dx, m, scale, shift, u.float(), o.float(),
                  act=code)
     return dx, (idd * sgx).to(weight.dtype), sg.to(bias.dtype)
 
