@@ -144,15 +144,16 @@ def test_groupnorm32_casts_run_the_kernel_in_float32_and_the_users_ops_in_float6
 
 def test_a_unet_with_every_spelling_fuses_each_pair_and_matches_eager():
     """The asset as written (GroupNorm32 in its ResBlocks), float32: 13 GroupNorm -> SiLU
-    sites, each running the kernel; forward and gradients equal to eager within float32
+    sites and the attention block's GroupNorm alone, each running the kernel; forward and gradients equal to eager within float32
     rounding (eager's own gradients are 1.8e-5 from float64 on the nn.GroupNorm variant; its
     float64 check is test_fuse_patterns' diffusion_unet)."""
     model = _build(diffusion_unet.make, torch.float32).train()
     ref = copy.deepcopy(model)
-    assert dict(fuse(model, "train").sites) == {"gn_act": 13, "mlp": 1, "silu_me": 4}
+    assert dict(fuse(model, "train").sites) == {"gn_act": 13, "group_norm": 1, "mlp": 1,
+                                                "silu_me": 4}
     inputs = model.example_inputs(2, "cpu", torch.float32)
     y = assert_matches_eager(model, ref, inputs, tol=1e-4)
-    assert _ran(y) == 13
+    assert _ran(y) == 14
 
 
 class TwoUses(nn.Module):               # the normalised tensor also feeds a residual
@@ -178,7 +179,7 @@ REASONS = {
     "used_elsewhere": (TwoUses, "the GroupNorm output is used elsewhere too"),
     "tensor_weight": (TensorWeight, "weight and bias are not module parameters"),
     "quick_gelu": (lambda: nn.Sequential(nn.GroupNorm(4, 8), _QuickGELU()),
-                   "activation quick_gelu"),
+                   "activation quick_gelu"),     # (then the norm alone: group_norm)
 }
 
 
@@ -196,10 +197,29 @@ def test_what_does_not_fuse_is_a_reason(name):
         result.notes
 
 
-def test_a_groupnorm_alone_is_no_candidate():
-    result = fuse(nn.Sequential(nn.GroupNorm(4, 8), nn.Conv2d(8, 8, 1)).double(), "train")
-    assert "gn_act" not in result.sites
-    assert not any("gn_act" in m for k, m in result.notes if k == "not_fused")
+class AttnNorm(nn.Module):              # an attention block's norm: no activation after it
+    def __init__(self, norm32=False):
+        super().__init__()
+        self.norm = (diffusion_unet.GroupNorm32 if norm32 else nn.GroupNorm)(4, 8)
+        self.proj = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        return x + self.proj(self.norm(x))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_a_groupnorm_alone_runs_the_kernel_with_the_identity(layout):
+    model = _build(AttnNorm)
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"group_norm": 1}, (result.sites, result.notes)
+    y = assert_matches_eager(model, ref, (_x(channels_last=layout == "channels_last"),))
+    assert _ran(y) == 1
+    m32 = _build(lambda: AttnNorm(norm32=True), torch.float32)     # with GroupNorm32's casts
+    r32 = copy.deepcopy(m32)
+    assert dict(fuse(m32, "train").sites) == {"group_norm": 1}
+    y = assert_matches_eager(m32, r32, (_x(torch.float32),), tol=1e-5)
+    assert _ran(y) == 1
 
 
 def test_the_aten_binding_runs_the_sequence_and_says_so():
@@ -223,6 +243,7 @@ def test_fused_mode_on_a_unet_that_fails_in_float64_checks_against_float32_eager
     assert rec.correctness.passed, rec.correctness
     assert "the model fails in float64: mixed dtype" in rec.correctness.detail
     assert Counter(e.message for e in rec.events)["gn_act: 13 sites"] == 1
+    assert Counter(e.message for e in rec.events)["group_norm: 1 sites"] == 1
 
 
 def test_a_frozen_input_in_channels_last_runs_backward():
@@ -244,3 +265,20 @@ def test_a_frozen_input_in_channels_last_runs_backward():
         torch.testing.assert_close(p.grad, q.grad)
     # the torch bug itself, so that a torch that fixes it shows up here (then drop _x's note)
     assert aten.returncode != 0, "torch's channels-last GroupNorm backward no longer crashes"
+
+
+def test_fused_mode_runs_a_unets_nchw_input_channels_last_inside():
+    """fused_layout=auto: gn_act sites (with the 3x3 convs around them, faster on channels-last
+    data on CPU: benchmarks/unet_parts.py) turn on channels-last inside; output in the
+    caller's layout, forward and gradients equal to float64 eager."""
+    from fusebench.fuse import layout
+    from tests.test_fuse_layout import prepared
+    model = _build(diffusion_unet.make_plain).train()
+    ref = copy.deepcopy(model)
+    inputs = model.example_inputs(2, "cpu", torch.float64)
+    fn, events = prepared(model, inputs)
+    assert isinstance(fn, layout.ChannelsLastInside)
+    assert any(c == "fusion" and "channels-last inside" in m and "gn_act sites" in m
+               for c, m in events), events
+    y = assert_matches_eager(model, ref, inputs, call=fn)
+    assert y.is_contiguous()

@@ -201,3 +201,18 @@ def test_cpu_copies_alternate_with_the_steps(monkeypatch):
     assert calls.count("plain") == 5 and calls.count("step") == 3   # copies: at least 5 samples
     assert set(copies) == {"copy_gbps", "copy_plain_gbps", "copy_huge_gbps", "copy_prealloc_gbps"}
     assert copies["copy_gbps"] == max(copies["copy_plain_gbps"], copies["copy_huge_gbps"])
+
+
+@pytest.mark.parametrize("impl", ["aten", "cpu", "function", "triton"])
+def test_every_gn_act_impl_runs_as_a_cell_and_the_fused_ones_save_half(impl):
+    """gn_act's impls take four arguments after x (weight, bias, groups, eps): the cell calls
+    them; the kernel and the Function save x and the statistics, aten also its output."""
+    from fusebench.spec import CellSpec
+    r, aten = (run_cell(CellSpec.for_kernel("gn_act", i, [2, 64, 6, 5], "eager",
+                                            direction="fwdbwd", dtype="float32", device="cpu",
+                                            warmup=1, steps=2), lambda p: None)
+               for i in (impl, "aten"))
+    assert r.status == "ok" and aten.status == "ok", r.error
+    assert r.correctness.passed
+    if impl != "aten":
+        assert r.activation_bytes < 0.6 * aten.activation_bytes

@@ -70,7 +70,11 @@ def impl_module(fn: Callable, problem, params: dict[str, torch.Tensor]) -> ImplM
         def forward(self, x):
             return fn(x, self.a0, self.a1, self.a2)
 
-    classes = (Call0, Call1, Call2, Call3)
+    class Call4(ImplModule):        # gn_act: weight, bias, groups, eps
+        def forward(self, x):
+            return fn(x, self.a0, self.a1, self.a2, self.a3)
+
+    classes = (Call0, Call1, Call2, Call3, Call4)
     if n >= len(classes):
         raise ValueError(f"kernel family {problem.family}: {n} arguments after x is more than "
                          f"the {len(classes) - 1} supported")

@@ -8,8 +8,11 @@ channels-last output, so the whole fused network runs as in a `--channels-last` 
 outputs go back to the caller's NCHW layout, so the caller sees the same values and strides.
 In-process, fused NCHW without / with it (b8, 160 px, train, this 2-core CPU; docs/fused.md,
 fourteenth session): EfficientNet 1.19-1.39x, ConvNeXt 0.97-1.03x (noise: its stem already
-hands channels-last data to the blocks). So `auto` turns it on where a BN-family site fired,
-on CPU (not yet measured on a GPU: there `auto` keeps NCHW and says so).
+hands channels-last data to the blocks); a diffusion UNet (gn_act sites, benchmarks/
+unet_parts.py, twenty-sixth session) 1.10x, from its 3x3 convs, which oneDNN runs faster on
+channels-last data, and the gn_act kernel, faster there too. So `auto` turns it on where a
+BN-family or a gn_act site fired, on CPU (not yet measured on a GPU: there `auto` keeps NCHW
+and says so).
 
 The rewrite is checked before it is used: one forward under no_grad on the example inputs
 (buffers and RNG restored after), because user code written for NCHW (`x.view(n, c, -1)`)
@@ -23,9 +26,12 @@ import torch
 import torch.nn as nn
 
 from fusebench.errors import describe
+from fusebench.fuse.recompute import PRODUCERS
+
 # the fused BN + act sites (the recompute producers): their kernels, and the dwconv / SE
-# consumers around them, were measured faster on channels-last data (the module docstring)
-from fusebench.fuse.recompute import PRODUCERS as PREFERS_CHANNELS_LAST
+# consumers around them, were measured faster on channels-last data; the GroupNorm + act sites
+# of a UNet likewise, with the 3x3 convs around them (the module docstring)
+PREFERS_CHANNELS_LAST = PRODUCERS | {"gn_act"}
 
 
 def nchw_image(t) -> bool:

@@ -9,7 +9,10 @@ any activation match_act reads (SiLU, ReLU, GELU, ReLU6, hardswish, written out 
 identity dropouts between. The GroupNorm's parameters stay the user's, read at call time.
 Where the kernel does not take the call (a dtype it lacks, C not divisible by the groups, a
 float64 x that the user's casts compute in float32), the site runs aten's GroupNorm and the act
-as the user's code does."""
+as the user's code does.
+group_norm (second sweep): a GroupNorm no gn_act site took (an attention block's norm) -> the
+same kernel with the identity: it saves what aten's does, and it is faster than aten's
+channels-last GroupNorm, which fused mode's channels-last inside hands it (docs/fused.md)."""
 from __future__ import annotations
 
 import warnings
@@ -42,7 +45,7 @@ def _amp_fp32(x: torch.Tensor) -> bool:
 
 
 def gn_act_site(impl: GnActImpl, groups: int, eps: float, act: str, up: bool,
-                down: bool) -> Site:
+                down: bool, name: str = "fused_gn_act") -> Site:
     """fn(x[, w, b]) = act(GroupNorm(x)): the kernel where it computes what the user's code
     does, else aten's GroupNorm and act. up / down: the user casts x to float32 before the
     norm / the result back to x's dtype after it (GroupNorm32): the kernel then runs on the
@@ -62,7 +65,7 @@ def gn_act_site(impl: GnActImpl, groups: int, eps: float, act: str, up: bool,
                           f"{xin.device}); ran aten's group_norm + {act}")
         z = F.group_norm(xin, groups, w, b, eps)
         return ACTS[act](z.to(x.dtype) if down else z)
-    return Site("fused_gn_act", run)
+    return Site(name, run)
 
 
 def _cast_back(n) -> tuple:
@@ -121,3 +124,23 @@ def gn_act(n, scope):
     site = gn_act_site(_impl(scope.ctx), call.groups, call.eps, code, bool(up), bool(down))
     args = (x,) if call.weight is None else (x, Attr(call.weight), Attr(call.bias))
     return Hit("gn_act", n, site, args, (*act.nodes, *between, *down, core, *up))
+
+
+@register_pattern("group_norm", benches=("train", "infer"), sweep=1)
+def group_norm(n, scope):
+    """A GroupNorm that no gn_act site took (no activation after it: an attention block's
+    norm) -> the gn_act kernel with the identity; GroupNorm32's casts included."""
+    call = N.group_norm_call(n)
+    if call is None:
+        return None
+    if isinstance(call, str):
+        return Miss("group_norm", call)
+    users = list(n.users)
+    down = (users[0],) if len(users) == 1 and N.op(users[0]) in DOWN else ()
+    x, up = _cast_up(call.x, down)
+    if down and not up:
+        down = ()               # a cast that is not back to the input's dtype stays the user's
+    site = gn_act_site(_impl(scope.ctx), call.groups, call.eps, "identity", bool(up),
+                       bool(down), "fused_group_norm")
+    args = (x,) if call.weight is None else (x, Attr(call.weight), Attr(call.bias))
+    return Hit("group_norm", down[0] if down else n, site, args, (*down, n, *up))
