@@ -29,7 +29,6 @@ from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.kernels.bn_act.cpu import ACT_CODES
 from fusebench.kernels.bn_act.reference import ACTS
 
-UP = ("float", "to")                 # x.float(), x.to(torch.float32)
 DOWN = ("type", "to", "type_as")     # .type(x.dtype), .to(x.dtype), .type_as(x)
 
 
