@@ -282,3 +282,51 @@ def test_fused_mode_runs_a_unets_nchw_input_channels_last_inside():
                for c, m in events), events
     y = assert_matches_eager(model, ref, inputs, call=fn)
     assert y.is_contiguous()
+
+
+@pytest.mark.parametrize("value, node", [("auto", NODE), ("cpu", NODE), ("aten", None),
+                                         ("triton", "GNActTritonFunctionBackward")])
+def test_the_fused_gn_act_option_picks_the_kernel(value, node, monkeypatch):
+    """--fused-gn-act: the kernel that runs, said as an info event; Triton runs interpreted
+    on CPU here, and without the interpreter (no GPU) aten's sequence runs, said as a
+    kernel_fallback event."""
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    if value == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for interpret in ((True, False) if value == "triton" else (True,)):
+        if not interpret:
+            monkeypatch.delenv("TRITON_INTERPRET")
+        model = _build(Diffusers, torch.float32)
+        events = EventLog()
+        call = get_mode("fused").prepare(model, (_x(torch.float32),),
+                                         {"bench": "train", "fused_gn_act": value}, events)
+        seen = {type(n).__name__ for n in autograd_nodes(call(_x(torch.float32)))}
+        said = [(e.category, e.message) for e in events.events()]
+        if interpret:
+            shown = "cpu" if value == "auto" else value
+            assert ("info", f"gn_act: kernel = '{shown}'") in said, said
+            assert node is None and not seen & {NODE, "GNActTritonFunctionBackward"} or \
+                node in seen, seen
+        else:
+            assert any(c == "kernel_fallback" and "gn_act 'triton' unavailable" in m
+                       for c, m in said), said
+            assert "GNActTritonFunctionBackward" not in seen
+
+
+def test_under_cpu_autocast_a_bf16_input_runs_atens_sequence_and_says_so():
+    """CPU autocast hands the GroupNorm the conv's bf16 output (it does not upcast
+    group_norm, CUDA's autocast does); the C++ kernel takes float32 / float64 only, so the
+    site runs aten's GroupNorm and act, with a warning (an event in a run)."""
+    conv_gn = lambda: nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), Diffusers())  # noqa: E731
+    model = _build(conv_gn, torch.float32)
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"gn_act": 1}
+    x = _x(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.warns(UserWarning, match="gn_act: the cpu kernel does not take this input"):
+            y = model(x)
+        r = ref(x)
+    assert y.dtype == r.dtype == torch.bfloat16
+    torch.testing.assert_close(y, r)
