@@ -227,21 +227,33 @@ BN_ACT_IMPLS = {"cpu": bn_act_cpu, "triton": bn_act_triton}
 BN_ACT_PREFERRED = {"cuda": "aten", "cpu": "cpu"}
 
 
-def resolve_bn_act(device: str, notes: list, impl: str | None = None) -> BnActImpl | None:
-    """The bn_act kernel for this fuse() (None: aten's sequence), with an `info` event naming
-    it, or None with a kernel_fallback note when it cannot run here. Resolved once."""
+def _native_or_aten(family: str, impls: dict, preferred: dict, device: str, notes: list,
+                    impl: str | None) -> tuple:
+    """(the kernel module of the impl to run, or None for aten's sequence; its name) for a
+    norm + act family, with an `info` event naming it, and a kernel_fallback note where the
+    impl asked for cannot run here. The C++ one is built now: a compile error shows up here,
+    not mid-step."""
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
-    name = impl or BN_ACT_PREFERRED[device_type]
-    mod = BN_ACT_IMPLS.get(name)
+    name = impl or preferred[device_type]
+    mod = impls.get(name)
+    if mod is None and name != "aten":
+        raise KeyError(f"{family} impl {name!r}: one of aten, {', '.join(impls)}")
     if mod is not None:
         ok, reason = mod.available(str(device))
         if ok and name == "cpu":
-            ok, reason = mod.build()             # a compile error shows up here, not mid-step
+            ok, reason = mod.build()
         if not ok:
-            notes.append(("kernel_fallback", f"bn_act '{name}' unavailable ({reason}); "
+            notes.append(("kernel_fallback", f"{family} '{name}' unavailable ({reason}); "
                                              f"ran 'aten' instead"))
             mod, name = None, "aten"
-    notes.append(("info", f"bn_act: kernel = '{name}'"))
+    notes.append(("info", f"{family}: kernel = '{name}'"))
+    return mod, name
+
+
+def resolve_bn_act(device: str, notes: list, impl: str | None = None) -> BnActImpl | None:
+    """The bn_act kernel for this fuse() (None: aten's sequence), said as an event; resolved
+    once."""
+    mod, name = _native_or_aten("bn_act", BN_ACT_IMPLS, BN_ACT_PREFERRED, device, notes, impl)
     return None if mod is None else BnActImpl(name, mod.forward, mod.backward, mod.runs_on,
                                                  mod.apply)
 
@@ -269,22 +281,9 @@ GN_ACT_PREFERRED = {"cuda": "aten", "cpu": "cpu"}
 
 
 def resolve_gn_act(device: str, notes: list, impl: str | None = None) -> GnActImpl:
-    """The gn_act impl for this fuse(), with an `info` event naming it; aten's sequence with a
-    kernel_fallback note when the preferred kernel cannot run here. Resolved once."""
-    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
-    name = impl or GN_ACT_PREFERRED[device_type]
-    mod = GN_ACT_IMPLS.get(name)
-    if mod is not None:
-        ok, reason = mod.available(str(device))
-        if ok and name == "cpu":
-            ok, reason = mod.build()             # a compile error shows up here, not mid-step
-        if not ok:
-            notes.append(("kernel_fallback", f"gn_act '{name}' unavailable ({reason}); "
-                                             f"ran 'aten' instead"))
-            mod, name = None, "aten"
-    elif name != "aten":
-        raise KeyError(f"gn_act impl {name!r}: one of aten, {', '.join(GN_ACT_IMPLS)}")
-    notes.append(("info", f"gn_act: kernel = '{name}'"))
+    """The gn_act impl for this fuse() (aten's sequence where the kernel cannot run here),
+    said as an event; resolved once."""
+    mod, name = _native_or_aten("gn_act", GN_ACT_IMPLS, GN_ACT_PREFERRED, device, notes, impl)
     if mod is None:
         return GnActImpl("aten", _aten_gn_act, lambda x, groups: False)
     function = mod.GNActCpuFunction if name == "cpu" else mod.GNActTritonFunction

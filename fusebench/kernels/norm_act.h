@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace fusebench {
 
 constexpr int64_t kBlock = 256;         // values summed in float before going into double
@@ -134,6 +136,27 @@ inline at::Tensor dense(const at::Tensor& x) {
 
 inline at::ScalarType acc_type(at::ScalarType st) {
   return st == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// A norm + act backward's inputs as its passes read them: x dense (NCHW or channels-last), dy
+// in x's layout and dtype, the two saved statistics and the (C,) weight and bias in the
+// accumulation type, dx allocated in x's layout.
+struct BwdArgs {
+  at::Tensor dy, x, s1, s2, w, b, dx;
+  bool cl;
+  at::ScalarType acc;
+};
+
+inline BwdArgs bwd_args(const char* op, const at::Tensor& dy, at::Tensor x, const at::Tensor& s1,
+                        const at::Tensor& s2, const at::Tensor& w, const at::Tensor& b) {
+  TORCH_CHECK(dy.sizes() == x.sizes(), op, ": dy and x shapes differ");
+  x = dense(x);
+  const bool cl = is_cl(x);
+  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const auto acc = acc_type(x.scalar_type());
+  return {dy.to(x.scalar_type()).contiguous(fmt), x, s1.to(acc).contiguous(),
+          s2.to(acc).contiguous(), w.detach().to(acc).contiguous(),
+          b.detach().to(acc).contiguous(), empty_output(x, fmt), cl, acc};
 }
 
 }  // namespace fusebench

@@ -319,17 +319,12 @@ at::Tensor apply(at::Tensor x, at::Tensor w, at::Tensor b, at::Tensor mean, at::
 std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, at::Tensor b,
                                  at::Tensor mean, at::Tensor invstd, int64_t act) {
   check_input(x, w, b);
-  TORCH_CHECK(dy.sizes() == x.sizes(), "bn_act cpu: dy and x shapes differ");
-  x = dense(x);
-  const bool cl = is_cl(x);
-  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  dy = dy.to(x.scalar_type()).contiguous(fmt);
+  const BwdArgs a = bwd_args("bn_act cpu", dy, x, mean, invstd, w, b);
+  x = a.x, dy = a.dy, mean = a.s1, invstd = a.s2;
+  const at::Tensor &wa = a.w, &ba = a.b, &dx = a.dx;
+  const bool cl = a.cl;
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  const auto at_ = acc_type(x.scalar_type());
-  mean = mean.to(at_).contiguous();
-  invstd = invstd.to(at_).contiguous();
-  auto wa = w.detach().to(at_).contiguous(), ba = b.detach().to(at_).contiguous();
-  auto dx = fusebench::empty_output(x, fmt);
+  const auto at_ = a.acc;
   auto dw = at::empty({C}, x.options().dtype(at_));
   auto db = at::empty({C}, x.options().dtype(at_));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bn_act_cpu_bwd", [&] {

@@ -348,17 +348,11 @@ std::vector<at::Tensor> forward(at::Tensor x, at::Tensor w, at::Tensor b, int64_
 std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, at::Tensor b,
                                  at::Tensor mean, at::Tensor rstd, int64_t G, int64_t act) {
   check_input(x, w, b, G);
-  TORCH_CHECK(dy.sizes() == x.sizes(), "gn_act cpu: dy and x shapes differ");
-  x = dense(x);
-  const bool cl = is_cl(x);
-  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  dy = dy.to(x.scalar_type()).contiguous(fmt);
+  const BwdArgs a = bwd_args("gn_act cpu", dy, x, mean, rstd, w, b);
+  x = a.x, dy = a.dy, mean = a.s1, rstd = a.s2;
+  const at::Tensor &wa = a.w, &ba = a.b, &dx = a.dx;
+  const bool cl = a.cl;
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  const auto at_ = acc_type(x.scalar_type());
-  mean = mean.to(at_).contiguous();
-  rstd = rstd.to(at_).contiguous();
-  auto wa = w.detach().to(at_).contiguous(), ba = b.detach().to(at_).contiguous();
-  auto dx = empty_output(x, fmt);
   auto dw = at::zeros({C}, x.options().dtype(at::kDouble));
   auto db = at::zeros({C}, x.options().dtype(at::kDouble));
   if (x.numel() == 0) return {dx, dw.to(w.scalar_type()), db.to(b.scalar_type())};
