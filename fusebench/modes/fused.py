@@ -25,8 +25,8 @@ class Fused(Mode):
         ModeOption("fused_layout", str, choices=("auto", "channels_last", "keep"),
                    default="auto",
                    help="fused: run NCHW image inputs channels-last inside (converted at each "
-                        "call, 4-D outputs converted back): auto (on CPU, where a BN+act site "
-                        "fired), channels_last, keep."),
+                        "call, 4-D outputs converted back): auto (on CPU, where a BN+act or a "
+                        "GroupNorm+act site fired), channels_last, keep."),
         ModeOption("fused_recompute", bool, default=False,
                    help="fused: rebuild each fused BN+act output in backward instead of "
                         "saving it (least activation memory; one more pass per rebuilt "
