@@ -55,6 +55,7 @@ OFFICIAL = f"{REPO / 'tests' / 'assets' / 'convnext_official.py'}:make"
 TIMM = f"{REPO / 'tests' / 'assets' / 'timm_efficientnet.py'}:make"
 HF = f"{REPO / 'tests' / 'assets' / 'hf_efficientnet.py'}:make"
 MOBILENET = f"{REPO / 'tests' / 'assets' / 'tv_mobilenet.py'}"
+RESNET = f"{REPO / 'tests' / 'assets' / 'tv_resnet.py'}:make"
 # name -> (model reference, factory kwargs); convnext_official at convnext_atto's size,
 # efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's
 MODELS = {
@@ -67,6 +68,8 @@ MODELS = {
     "efficientnet_hf": (HF, {"size": "b0"}),
     "mobilenet_v2": (f"{MOBILENET}:make_v2", {"size": "full"}),
     "mobilenet_v3": (f"{MOBILENET}:make_v3", {"size": "full"}),
+    "resnet18": (RESNET, {"depth": 18}),
+    "resnet50": (RESNET, {"depth": 50}),
 }
 GRID = ("efficientnet_b0", "efficientnet_b3", "convnext_atto", "convnext_official")  # default
 # the assets' tiny defaults

@@ -26,7 +26,7 @@ from tests.helpers import assert_matches_eager, autograd_nodes
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
                     llama,
-                    nano_gpt, timm_efficientnet, tv_efficientnet, tv_mobilenet)
+                    nano_gpt, timm_efficientnet, tv_efficientnet, tv_mobilenet, tv_resnet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -64,8 +64,14 @@ LLAMA = {"rms_norm": 5, "glu_mlp": 2}
 
 # every SE's H*W >= its projection's channels at 32 px: all fold into the projection;
 # the expand convs and the head's: pointwise convs no other site took (conv1x1);
-# the projections' BNs without an activation (bn_train)
-EFFNET = {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4, "conv1x1": 4, "bn_train": 4}
+# the projections' BNs without an activation: + the block input where the block keeps its
+# shape (bn_add_act, the identity act), alone where it does not (bn_train)
+EFFNET = {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4, "conv1x1": 4, "bn_train": 2,
+          "bn_add_act": 2}
+# ResNet (Bottleneck, 5 blocks): every block's bn3 -> += identity -> ReLU (bn_add_act), the
+# other BN -> ReLUs and the stem's (bn_act), the 4 downsample BNs (bn_train), the 1x1 convs
+# that feed a BN at stride 1 (conv1x1; a downsample's at stride 2 is no GEMM here)
+RESNET = {"bn_act": 11, "bn_add_act": 5, "bn_train": 4, "conv1x1": 11}
 # model -> (factory, inputs, sites expected in train)
 ASSETS = {
     "convnext_official": (convnext_official.make, lambda: (image(),),
@@ -81,6 +87,12 @@ ASSETS = {
     "llama_torch_rmsnorm": (llama.make_torch_rmsnorm, llama_tokens, LLAMA),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
     "diffusion_unet": (diffusion_unet.make_plain, unet_inputs, UNET),
+    # `out += identity; relu(out)` and `F.relu(torch.add(identity, out))`; BasicBlocks
+    "tv_resnet": (tv_resnet.make, lambda: (image(),), RESNET),
+    "tv_resnet_functional": (lambda: tv_resnet.make(spelling="functional"), lambda: (image(),),
+                             RESNET),
+    "tv_resnet_basic": (lambda: tv_resnet.make("tiny_basic"), lambda: (image(),),
+                        {"bn_act": 6, "bn_add_act": 5, "bn_train": 3}),
     "tv_efficientnet_relu_linear_se": (tv_efficientnet.make_relu_linear_se, lambda: (image(),),
                                        EFFNET),
     # BatchNormAct2d: F.batch_norm inside an nn.BatchNorm2d subclass, an nn.Identity before
@@ -91,23 +103,26 @@ ASSETS = {
     # 1x1 convs with padding="same", an nn.Conv2d subclass for the depthwise convs: the two
     # at stride 2 ("valid" after a ZeroPad2d) are not the kernel's padding (a reason)
     "hf_efficientnet": (hf_efficientnet.make, lambda: (image(),), {**EFFNET, "dwconv": 2}),
-    # BN -> ReLU6 (in-place, in nn.Sequential); the projections' BNs alone (bn_train)
+    # BN -> ReLU6 (in-place, in nn.Sequential); the projections' BNs alone (bn_train) or
+    # + x (`x + self.conv(x)`: bn_add_act)
     "tv_mobilenet_v2": (tv_mobilenet.make_v2, lambda: (image(),),
-                        {"bn_act": 9, "bn_train": 4, "dwconv": 4, "conv1x1": 8}),
+                        {"bn_act": 9, "bn_train": 3, "bn_add_act": 1, "dwconv": 4,
+                         "conv1x1": 8}),
     # written out as pre-1.6 code did: HSwish / HSigmoid modules (x * relu6(x + 3) / 6), an SE
     # on Linear layers after `pool(x).view(b, c)`, its gate before a HSwish (no projection)
     "mobilenet_v3_written_out": (tv_mobilenet.make_written_out, lambda: (image(),),
-                                 {"bn_act": 3, "bn_train": 4, "dwconv": 2, "conv1x1": 4,
-                                  "se_gate": 2}),
+                                 {"bn_act": 3, "bn_train": 2, "bn_add_act": 2, "dwconv": 2,
+                                  "conv1x1": 4, "se_gate": 2}),
     # BN -> hardswish / ReLU; the classifier's Linear -> hardswish -> Linear (mlp); the SEs'
     # hardsigmoid gates, each folded into the projection after it (se_project)
     "tv_mobilenet_v3": (tv_mobilenet.make_v3, lambda: (image(),),
-                        {"bn_act": 7, "bn_train": 3, "dwconv": 3, "conv1x1": 4, "mlp": 1,
-                         "se_gate": 2, "se_project": 2}),
+                        {"bn_act": 7, "bn_train": 2, "bn_add_act": 1, "dwconv": 3,
+                         "conv1x1": 4, "mlp": 1, "se_gate": 2, "se_project": 2}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
-KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "se_gate": "se_gate[",
+KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "bn_add_act": "bn_add_act[",
+                 "se_gate": "se_gate[",
                  "se_project": "se_project[", "bn_train": "bn_train[", "glu_mlp": "glu_mlp["}
 SITE_NAME = {"se_gate": "fused_se"}
 
@@ -669,7 +684,12 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                "mobilenet_v3_written_out": {"conv_bn_fold_seq": 3, "se_gate": 2},
                "tv_mobilenet_v3": {"conv_bn_fold": 5, "conv_bn_fold_seq": 5, "mlp": 1,
                                    "se_gate": 2},
-               "diffusion_unet": UNET}
+               "diffusion_unet": UNET,
+               # every BN folds into its conv: the stem's and the blocks' (conv_bn_fold), the
+               # downsample Sequentials' (conv_bn_fold_seq)
+               **dict.fromkeys(("tv_resnet", "tv_resnet_functional"),
+                               {"conv_bn_fold": 16, "conv_bn_fold_seq": 4}),
+               "tv_resnet_basic": {"conv_bn_fold": 11, "conv_bn_fold_seq": 3}}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

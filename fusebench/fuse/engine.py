@@ -47,16 +47,23 @@ class MultiOpFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        tensors = ctx.saved_tensors
-        saved, groups = (_rebuilt(tensors[:ctx.n_saved], ctx.recipes),
-                         split_groups(tensors[ctx.n_saved:], ctx.counts))
-        with backward_autocast(ctx.autocast):
-            dx, dgroups = ctx.kernel.bwd(dy, saved, groups)
-        for i, (g, dg) in enumerate(zip(groups, dgroups)):
-            if len(dg) != len(g):
-                raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
-                                   f"but got {len(dg)}")
-        return (None, None, dx, *[d for dg in dgroups for d in dg])
+        dx, dflat, _ = backward_parts(ctx, dy)
+        return (None, None, dx, *dflat)
+
+
+def backward_parts(ctx, dy) -> tuple:
+    """(dx, the flat parameter grads, the kernel's extra gradient or None) of a saved
+    MultiOpKernel call: bwd may return (dx, grads per group[, one more input's grad])."""
+    tensors = ctx.saved_tensors
+    saved, groups = (_rebuilt(tensors[:ctx.n_saved], ctx.recipes),
+                     split_groups(tensors[ctx.n_saved:], ctx.counts))
+    with backward_autocast(ctx.autocast):
+        dx, dgroups, *extra = ctx.kernel.bwd(dy, saved, groups)
+    for i, (g, dg) in enumerate(zip(groups, dgroups)):
+        if len(dg) != len(g):
+            raise RuntimeError(f"Expected op {i} to generate {len(g)} param grads, "
+                               f"but got {len(dg)}")
+    return dx, [d for dg in dgroups for d in dg], extra[0] if extra else None
 
 
 def forward_autocast(x: torch.Tensor) -> tuple[str, torch.dtype] | None:

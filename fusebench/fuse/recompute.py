@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 ATTR = "_fusebench_recompute"
-PRODUCERS = frozenset({"bn_act", "bn_silu", "bn_train"})   # the sites whose outputs are tagged
+PRODUCERS = frozenset({"bn_act", "bn_silu", "bn_train", "bn_add_act"})   # tagged outputs
 ALL = "*"
 _state: dict[str, frozenset] = {"off": frozenset()}   # consumers that save their input instead
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <cstdint>
 
 #if defined(__GLIBC__) && defined(__x86_64__)
@@ -198,6 +199,8 @@ template <> struct Act<kHardswish> {  // z * relu6(z + 3) / 6, as aten writes it
            : (__builtin_islessequal(z, A(3)) ? z / A(3) + A(0.5) : A(1));
   }
 };
+
+template <typename A> inline constexpr bool kIsIdentity = std::is_same_v<A, Act<kIdentity>>;
 
 // Calls f(Act<K>{}) for a runtime activation code: one instantiation per activation.
 template <typename F> void with_act(int64_t act, const F& f) {

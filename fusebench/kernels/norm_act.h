@@ -59,44 +59,54 @@ void plane_sums(int64_t N, int64_t HW, double& s1, double& s2, const Term& term_
 // Plain functions over pointer arguments, called from the parallel lambdas: a pointer read
 // through a lambda's captures is reloaded around every store (it might alias), and GCC then
 // turned the per-channel loads into gathers (measured 3-10x slower backward passes).
-template <typename T, typename A, typename Act>
+// Res: y = act(z + res), res a residual in x's layout (a ResNet block's `bn3 -> += identity ->
+// ReLU`); a compile-time flag, so the plain passes keep their loops as they were.
+template <typename T, typename A, typename Act, bool Res = false>
 void act_rows(const T* __restrict x, T* __restrict y, const A* __restrict m,
               const A* __restrict sc, const A* __restrict sh, int64_t r0, int64_t r1,
-              int64_t C) {
+              int64_t C, const T* __restrict res = nullptr) {
   for (int64_t r = r0; r < r1; ++r) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c)
-      y[r * C + c] =
-          static_cast<T>(Act::f((static_cast<A>(x[r * C + c]) - m[c]) * sc[c] + sh[c]));
+    for (int64_t c = 0; c < C; ++c) {
+      A z = (static_cast<A>(x[r * C + c]) - m[c]) * sc[c] + sh[c];
+      if constexpr (Res) z += static_cast<A>(res[r * C + c]);
+      y[r * C + c] = static_cast<T>(Act::f(z));
+    }
   }
 }
 
-template <typename T, typename A, typename Act>
-void act_plane(const T* __restrict x, T* __restrict y, A m, A sc, A sh, int64_t n) {
+template <typename T, typename A, typename Act, bool Res = false>
+void act_plane(const T* __restrict x, T* __restrict y, A m, A sc, A sh, int64_t n,
+               const T* __restrict res = nullptr) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = static_cast<T>(Act::f((static_cast<A>(x[i]) - m) * sc + sh));
+  for (int64_t i = 0; i < n; ++i) {
+    A z = (static_cast<A>(x[i]) - m) * sc + sh;
+    if constexpr (Res) z += static_cast<A>(res[i]);
+    y[i] = static_cast<T>(Act::f(z));
+  }
 }
 
-// dx = scale * g + (x - mean) * u + o with g as the sums pass stored it in dx (Act::kCostly)
+// dx = scale * g + (x - mean) * u + o with g as the sums pass stored it: in dx itself
+// (Act::kCostly; g == dx, so neither is __restrict) or in a residual's gradient
 template <typename T, typename A>
-void dx_from_g(const T* __restrict x, T* __restrict dx, const A* __restrict m,
+void dx_from_g(const T* __restrict x, const T* g, T* dx, const A* __restrict m,
                const A* __restrict sc, const A* __restrict u, const A* __restrict o, int64_t r0,
                int64_t r1, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
       const A xc = static_cast<A>(x[r * C + c]) - m[c];
-      dx[r * C + c] = static_cast<T>(sc[c] * static_cast<A>(dx[r * C + c]) + xc * u[c] + o[c]);
+      dx[r * C + c] = static_cast<T>(sc[c] * static_cast<A>(g[r * C + c]) + xc * u[c] + o[c]);
     }
   }
 }
 
 template <typename T, typename A>
-void dx_plane_from_g(const T* __restrict x, T* __restrict dx, A m, A sc, A u, A o, int64_t n) {
+void dx_plane_from_g(const T* __restrict x, const T* g, T* dx, A m, A sc, A u, A o,
+                     int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
-    dx[i] = static_cast<T>(sc * static_cast<A>(dx[i]) + (static_cast<A>(x[i]) - m) * u + o);
+    dx[i] = static_cast<T>(sc * static_cast<A>(g[i]) + (static_cast<A>(x[i]) - m) * u + o);
 }
 
 // dx = scale * g + (x - mean) * u + o, g = dy * act'((x - mean) * scale + shift)

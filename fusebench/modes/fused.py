@@ -37,10 +37,10 @@ class Fused(Mode):
                         "and the operands suit it, else aten's mm), onednn, aten."),
         ModeOption("fused_bn_act", str, choices=("auto", "aten", "cpu", "triton"),
                    default="auto",
-                   help="fused: the BN(train) + activation kernel: auto (the C++ kernel on CPU, "
-                        "aten's sequence on CUDA until the Triton kernel wins there), aten, cpu, "
-                        "triton; one that cannot run here runs aten's sequence with a "
-                        "kernel_fallback event."),
+                   help="fused: the BN(train) + activation kernel, a residual block's BN + "
+                        "add + act too: auto (the C++ kernel on CPU, aten's sequence on CUDA "
+                        "until the Triton kernel wins there), aten, cpu, triton; one that "
+                        "cannot run here runs aten's sequence with a kernel_fallback event."),
         ModeOption("fused_gn_act", str, choices=("auto", "aten", "cpu", "triton"),
                    default="auto",
                    help="fused: the GroupNorm + activation kernel: auto (the C++ kernel on CPU, "

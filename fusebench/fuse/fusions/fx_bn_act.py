@@ -12,7 +12,8 @@ import torch
 
 from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.bn_silu import bn_affine, train_bn_act
+from fusebench.fuse.fusions.bn_silu import (act_input, bn_affine, residual_grad, residual_keep,
+                                             train_bn_act)
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
@@ -22,22 +23,34 @@ _BC = (slice(None), None, None)                  # (C,) -> (C, 1, 1)
 SITE_NAME = "fused_bn_act"
 
 
-def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float) -> MultiOpKernel:
-    def fwd(x, groups):
+def bn_eval_kernel(act: Pure, running_mean, running_var, eps: float,
+                   residual_act: str | None = None) -> MultiOpKernel:
+    """act(x * scale + shift [+ res]) with the running statistics (fwd(x, groups[, res]));
+    saves x [and what bn_silu.residual_keep says for the act named residual_act], recomputes z
+    in backward."""
+    like: dict = {}          # a residual call's (shape, dtype): its gradient's (it may broadcast)
+
+    def fwd(x, groups, res=None):
         (w, b), = groups
         inv = torch.rsqrt(running_var + eps)
         scale, shift = w * inv, b - running_mean * w * inv
-        return act.fwd(bn_affine(x, scale, shift)), (x,)
+        z = bn_affine(x, scale, shift)
+        if res is None:
+            return act.fwd(z), (x,)
+        like["res"] = (res.shape, res.dtype)
+        y = act.fwd(z + res)
+        return y, (x, *residual_keep(residual_act, y, res))
 
     def bwd(dy, saved, groups):
-        (x,), ((w, b),) = saved, groups
+        (x, *kept), ((w, b),) = saved, groups
         inv = torch.rsqrt(running_var + eps)
         scale = w * inv
         z = bn_affine(x, scale, b - running_mean * scale)   # recomputed
-        dz = act.bwd(dy, z)
+        dz = act.bwd(dy, act_input(residual_act, kept, z) if like else z)
         dscale, dshift = (dz * x).sum((0, 2, 3)), dz.sum((0, 2, 3))
         dx = dz * scale[_BC]
-        return dx.to(x.dtype), ((inv * (dscale - running_mean * dshift), dshift),)
+        out = dx.to(x.dtype), ((inv * (dscale - running_mean * dshift), dshift),)
+        return (*out, residual_grad(dz, like["res"])) if like else out
     return MultiOpKernel(f"bn_eval_act[{act.impl}]", fwd, bwd)
 
 

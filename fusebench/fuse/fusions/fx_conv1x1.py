@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from fusebench.fuse.conv1x1 import conv1x1
 from fusebench.fuse.fusions.fx_bn_act import SITE_NAME as BN_ACT_SITE_NAME
+from fusebench.fuse.fusions.fx_bn_add_act import SITE_NAME as BN_ADD_ACT_SITE_NAME
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Attr, Hit, Site, register_pattern
 from fusebench.fuse.rule import computes_as
@@ -30,9 +31,13 @@ def pointwise_conv(n, scope):
 
 
 def _into_batch_norm(n) -> bool:
-    """n's only use is a BatchNorm, plain or inside a fused BN + act site: a conv-BN network,
+    """n's only use is a BatchNorm, plain or inside a fused BN + act site (with a residual or
+    not): a conv-BN network,
     whose activations fused mode runs channels-last (fuse/layout.py), where the GEMM pays. A 1x1
     conv elsewhere (before a LayerNorm, in an MLP another pattern declined) keeps aten's conv."""
     u = N.single_user(n)
     return u is not None and (N.op(u) == "batch_norm" or (
-        isinstance(u.target, Site) and u.target.__name__ == BN_ACT_SITE_NAME))
+        isinstance(u.target, Site) and u.target.__name__ in BN_SITES))
+
+
+BN_SITES = (BN_ACT_SITE_NAME, BN_ADD_ACT_SITE_NAME)     # the sites a conv's BN may be inside

@@ -1,12 +1,15 @@
-"""A MultiOpKernel whose output also takes a residual: y = res + kernel(x). The kernel's fwd is
-called as fwd(x, groups, res) and adds res itself (e.g. as the accumulator of its last GEMM,
-so the add costs no pass of its own); backward is the kernel's, and res's gradient is dy as
-it comes (an add's). res is not saved."""
+"""A MultiOpKernel whose output also takes a residual: y = res + kernel(x), or any y the kernel
+makes of x and res. The kernel's fwd is called as fwd(x, groups, res) and adds res itself
+(e.g. as the accumulator of its last GEMM, so the add costs no pass of its own); backward is
+the kernel's. res's gradient is dy as it comes (an add's) where the kernel's bwd returns
+(dx, grads per group), or the third item where it returns (dx, grads per group, dres): an
+activation after the add (a ResNet block's `act(bn(x) + res)`) makes it dy * act'. res is
+saved only if the kernel's fwd lists it among its saved tensors."""
 from __future__ import annotations
 
 import torch
 
-from fusebench.fuse.engine import MultiOpFunction, MultiOpKernel, save_entries, split_groups
+from fusebench.fuse.engine import MultiOpKernel, backward_parts, save_entries, split_groups
 
 
 class ResidualOpFunction(torch.autograd.Function):
@@ -19,8 +22,9 @@ class ResidualOpFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        _, _, dx, *dflat = MultiOpFunction.backward.__wrapped__(ctx, dy)
-        return (None, None, dx, dy if ctx.needs_input_grad[3] else None, *dflat)
+        dx, dflat, dres = backward_parts(ctx, dy)
+        dres = dy if dres is None else dres
+        return (None, None, dx, dres if ctx.needs_input_grad[3] else None, *dflat)
 
 
 def run_ops_residual(kernel: MultiOpKernel, x: torch.Tensor, groups, res: torch.Tensor):

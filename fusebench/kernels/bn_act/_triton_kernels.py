@@ -6,7 +6,16 @@ kernel serves NCHW (stride_hw == 1) and channels-last (stride_c == 1). A reducti
 owns a BLOCK_C block of channels and one of SPLIT slices of the rows and writes one row pair
 of float32 partial sums; the (C,) finishing is done by the caller. z = (x - mean) * scale +
 bias (x - mean first: x * scale + shift cancels at a large mean). The elementwise programs
-own a (BLOCK_R, BLOCK_C) tile."""
+own a (BLOCK_R, BLOCK_C) tile.
+
+HAS_RES (a residual r in x's layout, read at x's strides): the act and grad-sums kernels take
+act(z + r) in place of act(z), a ResNet block's `bn3 -> += identity -> ReLU` in the one pass
+(no separate add reading and writing the whole tensor), and the grad-sums kernel also stores
+g = dy * act'(z + r), which is r's gradient and what dx_kernel (FROM_G) then reads instead of
+recomputing it (r need not be read twice). RES_IS_OUT: Res holds the forward's output y
+instead of r, act'(y) for ReLU / ReLU6 (the same as act'(z + r) there), so a caller may keep
+y rather than r. The residual arguments come last with defaults,
+so callers without one (gn_act) launch these kernels as before."""
 import triton
 import triton.language as tl
 
@@ -87,8 +96,9 @@ def stats_kernel(X, K, Parts, R, C, HW, stride_n, stride_c, stride_hw, ROWS_PER_
 
 @triton.jit
 def act_kernel(X, Y, Mean, Scale, Shift, R, C, HW, stride_n, stride_c, stride_hw,
-               ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """y = act((x - mean) * scale + shift); y has x's strides."""
+               ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               Res=None, HAS_RES: tl.constexpr = False):
+    """y = act((x - mean) * scale + shift [+ res]); y (and res) have x's strides."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = cs < C
@@ -98,15 +108,20 @@ def act_kernel(X, Y, Mean, Scale, Shift, R, C, HW, stride_n, stride_c, stride_hw
     sc = tl.load(Scale + cs, mask=cm, other=0.0)
     sh = tl.load(Shift + cs, mask=cm, other=0.0)
     m = tl.load(Mean + cs, mask=cm, other=0.0)
-    y = _act((x - m[None, :]) * sc[None, :] + sh[None, :], ACT)
+    z = (x - m[None, :]) * sc[None, :] + sh[None, :]
+    if HAS_RES:
+        z += tl.load(Res + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _act(z, ACT)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def grad_sums_kernel(DY, X, Scale, Shift, Mean, Parts, R, C, HW, stride_n, stride_c, stride_hw,
                      ROWS_PER_PROG, ACT: tl.constexpr, BLOCK_R: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
-    """Partial sums of g = dy * act'(z) and g * (x - mean) per channel."""
+                     BLOCK_C: tl.constexpr, Res=None, G=None, HAS_RES: tl.constexpr = False,
+                     RES_IS_OUT: tl.constexpr = False):
+    """Partial sums of g = dy * act'(z [+ res]) and g * (x - mean) per channel; with HAS_RES
+    g (res's gradient) is also stored to G (x's strides); RES_IS_OUT: act'(res), res = y."""
     cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = cs < C
     split = tl.program_id(1)
@@ -123,7 +138,14 @@ def grad_sums_kernel(DY, X, Scale, Shift, Mean, Parts, R, C, HW, stride_n, strid
         x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
         xc = x - m[None, :]
-        g = tl.where(mask, dy * _act_grad(xc * sc[None, :] + sh[None, :], ACT), 0.0)
+        z = xc * sc[None, :] + sh[None, :]
+        if RES_IS_OUT:
+            z = tl.load(Res + offs, mask=mask, other=0.0).to(tl.float32)
+        elif HAS_RES:
+            z += tl.load(Res + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.where(mask, dy * _act_grad(z, ACT), 0.0)
+        if HAS_RES:
+            tl.store(G + offs, g.to(G.dtype.element_ty), mask=mask)
         s1 += g
         s2 += g * xc
     base = split * 2 * C + cs
@@ -133,8 +155,10 @@ def grad_sums_kernel(DY, X, Scale, Shift, Mean, Parts, R, C, HW, stride_n, strid
 
 @triton.jit
 def dx_kernel(DY, X, DX, Mean, Scale, Shift, U, O, R, C, HW, stride_n, stride_c, stride_hw,
-              ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dx = scale * g + (x - mean) * u + o (u, o per channel from the sums, see cpu.cpp)."""
+              ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+              FROM_G: tl.constexpr = False):
+    """dx = scale * g + (x - mean) * u + o (u, o per channel from the sums, see cpu.cpp); g
+    recomputed from dy, or with FROM_G read from DY (grad_sums_kernel's G; Shift unused)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = cs < C
@@ -143,10 +167,13 @@ def dx_kernel(DY, X, DX, Mean, Scale, Shift, U, O, R, C, HW, stride_n, stride_c,
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     sc = tl.load(Scale + cs, mask=cm, other=0.0)
-    sh = tl.load(Shift + cs, mask=cm, other=0.0)
     u = tl.load(U + cs, mask=cm, other=0.0)
     o = tl.load(O + cs, mask=cm, other=0.0)
     xc = x - tl.load(Mean + cs, mask=cm, other=0.0)[None, :]
-    g = dy * _act_grad(xc * sc[None, :] + sh[None, :], ACT)
+    if FROM_G:
+        g = dy
+    else:
+        sh = tl.load(Shift + cs, mask=cm, other=0.0)
+        g = dy * _act_grad(xc * sc[None, :] + sh[None, :], ACT)
     dx = sc[None, :] * g + xc * u[None, :] + o[None, :]
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)

@@ -20,6 +20,9 @@ SOURCE = Path(__file__).with_name("cpu.cpp")
 DTYPES = (torch.float32, torch.float64)
 ACT_CODES = {"silu": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "identity": 4,  # cpu_math.h's
              "relu6": 5, "hardswish": 6}
+# acts whose derivative at s reads off y = act(s) alike (y > 0; 0 < y < 6): a residual's
+# backward may take the forward's output in place of the residual (`output=`)
+FROM_OUTPUT = ("relu", "relu6")
 
 KERNEL = CppKernel(EXT_NAME, SOURCE, "the bn_act cpu kernel runs")
 extension, available, build = KERNEL.extension, KERNEL.available, KERNEL.build
@@ -32,20 +35,24 @@ def runs_on(x: torch.Tensor) -> bool:
 
 
 def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float,
-            act: str):
-    """(y, mean, invstd); running_mean / running_var (or None) updated in place as aten does."""
+            act: str, residual=None):
+    """(y, mean, invstd); running_mean / running_var (or None) updated in place as aten does.
+    With a residual r (x's shape): y = act(BN(x) + r), a residual block's end."""
     return tuple(extension().forward(x, weight, bias, running_mean, running_var,
-                                     float(momentum), float(eps), ACT_CODES[act]))
+                                     float(momentum), float(eps), ACT_CODES[act], residual))
 
 
-def apply(x, weight, bias, mean, invstd, act: str):
-    """y = act(BN(x)) from the saved (C,) mean / invstd: the forward's write pass alone."""
-    return extension().apply(x, weight, bias, mean, invstd, ACT_CODES[act])
+def apply(x, weight, bias, mean, invstd, act: str, residual=None):
+    """y = act(BN(x) [+ r]) from the saved (C,) mean / invstd: the forward's write pass alone."""
+    return extension().apply(x, weight, bias, mean, invstd, ACT_CODES[act], residual)
 
 
-def backward(dy, x, weight, bias, mean, invstd, act: str):
-    """(dx, dweight, dbias) from the saved x, mean, invstd (the BN output is recomputed)."""
-    return tuple(extension().backward(dy, x, weight, bias, mean, invstd, ACT_CODES[act]))
+def backward(dy, x, weight, bias, mean, invstd, act: str, residual=None, output=None):
+    """(dx, dweight, dbias) from the saved x, mean, invstd (the BN output is recomputed); with
+    the forward's residual r also dr (= dy * act'(BN(x) + r)): (dx, dweight, dbias, dr). For
+    relu / relu6 the forward's output y may stand in for r (`output=y`: act' reads off y)."""
+    return tuple(extension().backward(dy, x, weight, bias, mean, invstd, ACT_CODES[act],
+                                      residual, output))
 
 
 BNActCpuFunction = bn_act_function("BNActCpuFunction", forward, backward)

@@ -14,8 +14,10 @@ ACTS = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu,
 
 
 def bn_act_reference(x, weight, bias, eps: float, act: str = "silu",
-                     running_mean=None, running_var=None, momentum: float = 0.1):
-    """float64: y = act((x - mean) / sqrt(var + eps) * w + b) with the batch's biased variance;
+                     running_mean=None, running_var=None, momentum: float = 0.1,
+                     residual=None):
+    """float64: y = act((x - mean) / sqrt(var + eps) * w + b [+ residual]) with the batch's
+    biased variance (a residual block's `act(bn(x) + identity)` when residual is given);
     running stats (when given, updated in place) as nn.BatchNorm2d does: unbiased variance."""
     xd = x.double()
     mean = xd.mean((0, 2, 3))
@@ -27,7 +29,8 @@ def bn_act_reference(x, weight, bias, eps: float, act: str = "silu",
             running_var.mul_(1 - momentum).add_(momentum * (var * n / (n - 1))
                                                 .to(running_var.dtype))
     z = (xd - mean[:, None, None]) * torch.rsqrt(var + eps)[:, None, None]
-    return ACTS[act](z * weight.double()[:, None, None] + bias.double()[:, None, None])
+    z = z * weight.double()[:, None, None] + bias.double()[:, None, None]
+    return ACTS[act](z if residual is None else z + residual.double())
 
 
 @register_impl("bn_act", "aten")

@@ -238,7 +238,7 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
         const int64_t off = (t * D + j) * HW;
         const A sc = A(r * double(wg[j]));
         if constexpr (Act::kCostly)
-          dx_plane_from_g<T, A>(x + off, dx + off, m, sc, u, o, HW);
+          dx_plane_from_g<T, A>(x + off, dx + off, dx + off, m, sc, u, o, HW);
         else
           dx_plane<T, A, Act>(dy + off, x + off, dx + off, m, sc, bg[j], u, o, HW);
       }
@@ -292,7 +292,7 @@ void bwd_cl(const T* dy, const T* x, const A* mean, const A* rstd, const A* w, c
     by_sample(r0, r1, HW, [&](int64_t n, int64_t a, int64_t e) {
       const int64_t q = n * C;
       if constexpr (Act::kCostly)
-        dx_from_g<T, A>(x, dx, mp + q, scp + q, up + q, op + q, a, e, C);
+        dx_from_g<T, A>(x, dx, dx, mp + q, scp + q, up + q, op + q, a, e, C);
       else
         dx_rows<T, A, Act>(dy, x, dx, mp + q, scp + q, shp + q, up + q, op + q, a, e, C);
     });
