@@ -126,3 +126,42 @@ def test_triton_relu_backward_reads_act_prime_off_the_output(monkeypatch):
     y, mean, invstd = triton.forward(x, w, b, None, None, MOMENTUM, EPS, "silu", residual=x)
     with pytest.raises(ValueError, match="relu"):
         triton.backward(dy, x, w, b, mean, invstd, "silu", output=y)
+
+
+def test_kernel_cell_rechecks_a_kinked_problem_once_on_other_inputs():
+    """A ReLU on a sum: a float32 element on the other side of the kink than float64 flips
+    one gradient value; the cell repeats a failed check once, and the repeat decides."""
+    from fusebench.cell.kernel_cell import KernelCheck, kink_recheck
+    from fusebench.kernels import get_problem
+    bad, good = KernelCheck(False, 1e-7, 0.14, "over tolerance: dx 1.4e-01"), \
+        KernelCheck(True, 1e-7, 1e-6, None)
+    kinked, smooth = get_problem("bn_add_act"), get_problem("bn_act")
+    assert kinked.kinks and not smooth.kinks
+    again = kink_recheck(bad, kinked, lambda: good)
+    assert again.passed and "dx 1.4e-01" in again.detail and "did not repeat" in again.detail
+    failed = kink_recheck(bad, kinked, lambda: bad)
+    assert not failed.passed and "failed again" in failed.detail
+    assert kink_recheck(bad, smooth, lambda: good) is bad
+    wrong = KernelCheck(False, None, None, "modified its input x in place")
+    assert kink_recheck(wrong, kinked, lambda: good) is wrong
+
+
+@pytest.mark.parametrize("name", ["aten", "cpu", "triton"])
+def test_registered_bn_add_act_impls_through_autograd(name, monkeypatch):
+    """What `fusebench kernel bn_add_act` runs: y and every gradient, the residual's included."""
+    from fusebench.kernels import get_impl
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    impl = get_impl("bn_add_act", name)
+    ok, reason = impl.available("cpu")
+    if not ok:
+        pytest.skip(reason)
+    if name == "cpu":
+        _built()
+    x, w, b, dy, _, _ = _inputs((2, 6, 5, 5), torch.float32, "channels_last")
+    r = _residual(x, "channels_last")
+    x, r, w, b = (t.requires_grad_() for t in (x, r, w, b))
+    impl.fn(x, r, w, b, EPS).backward(dy)
+    xr, rr, wr, br = (t.detach().double().requires_grad_() for t in (x, r, w, b))
+    bn_act_reference(xr, wr, br, EPS, "relu", residual=rr).backward(dy.double())
+    assert_close({k: _rel(a.grad, e.grad) for k, a, e in
+                  (("dx", x, xr), ("dr", r, rr), ("dw", w, wr), ("db", b, br))}, 2e-5)

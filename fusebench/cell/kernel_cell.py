@@ -82,14 +82,18 @@ def impl_module(fn: Callable, problem, params: dict[str, torch.Tensor]) -> ImplM
 
 
 def make_inputs(problem, shape, dtype, device, channels_last: bool, seed: int):
-    """x, dy (in x's memory format) and the family's params, all random."""
+    """x, dy and the family's params of x's shape (a residual, glu's b) in x's memory format
+    (as a model hands them: a layout copy inside the impl is not what is measured), the
+    others as made; all random."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g)
     dy = torch.randn(shape, generator=g)
     params = problem.make_params(shape, g) if problem.make_params else {}
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x, dy = (t.to(device=device, dtype=dtype).contiguous(memory_format=fmt) for t in (x, dy))
-    return x, dy, {k: v.to(device=device, dtype=dtype) for k, v in params.items()}
+    return x, dy, {k: v.to(device=device, dtype=dtype).contiguous(
+        memory_format=fmt if v.shape == x.shape else torch.contiguous_format)
+        for k, v in params.items()}
 
 
 def _reference(problem, x, dy, params, direction: str):
@@ -160,6 +164,21 @@ def check(call, module: ImplModule, spec: CellSpec, shape, seed: int) -> KernelC
         bad += [f"{k} {v:.1e}" for k, v in errs.items() if not v <= 3 * tol]  # sums over N*H*W
     detail = f"over tolerance {tol:g}: {', '.join(bad)}" if bad else None
     return KernelCheck(not bad, err_out, err_grad, detail)
+
+
+def kink_recheck(result: KernelCheck, problem, again: Callable[[], KernelCheck]) -> KernelCheck:
+    """A failed check of a problem with kinks, repeated once on other random inputs: the
+    second decides (the model cells' rule, measure/correctness.rechecked): where float32
+    rounding puts one pre-activation on the other side of ReLU's kink than float64 does,
+    that element's gradient is off by all of dy (seen: 2 of 3.3M elements of a ResNet
+    block's end, one seed in three); a wrong kernel fails both. The detail keeps the first
+    failure."""
+    if result.passed or not problem.kinks or result.err_out is None:
+        return result
+    second = again()
+    verdict = "the first failure did not repeat" if second.passed else "failed again"
+    return dataclasses.replace(second, detail=f"{result.detail}; on other inputs: "
+                                              f"{second.detail or 'ok'} ({verdict})")
 
 
 def saved_bytes(call, module, x, direction: str) -> int | None:
@@ -358,6 +377,8 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         # first call on fresh inputs: its time is the compile/first-call cost
         compile_s, first = time_call(lambda: check(call, module, spec, shape, spec.seed + 100),
                                      spec.device)
+        first = kink_recheck(first, problem,
+                             lambda: check(call, module, spec, shape, spec.seed + 101))
         phase("warmup")
         step, setup = _step_fn(call, module, x, dy, direction)
         if spec.warmup:
@@ -368,7 +389,8 @@ def _measure(spec, phase, fn, mode, dtype, shape, direction, events, extra, reco
         stats = StepStats.from_samples(samples)
         noise_event(stats, events)   # same noise warning as a model cell
         act = saved_bytes(call, module, x, direction)
-        after = check(call, module, spec, shape, spec.seed + 200)   # caught after warm-up too
+        after = kink_recheck(check(call, module, spec, shape, spec.seed + 200), problem,
+                             lambda: check(call, module, spec, shape, spec.seed + 201))
         mode.finish(events)
     extra.update(figures, bytes=nbytes)
     passed = first.passed and after.passed

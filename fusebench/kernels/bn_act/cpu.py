@@ -12,7 +12,7 @@ import torch
 
 from fusebench.dtypes import dtype_names
 from fusebench.kernels.build import CppKernel
-from fusebench.kernels.bn_act.function import bn_act_function
+from fusebench.kernels.bn_act.function import bn_act_function, bn_add_relu_function
 from fusebench.kernels.registry import register_impl
 
 EXT_NAME = "fusebench_bn_act_cpu"
@@ -56,6 +56,19 @@ def backward(dy, x, weight, bias, mean, invstd, act: str, residual=None, output=
 
 
 BNActCpuFunction = bn_act_function("BNActCpuFunction", forward, backward)
+
+
+BNAddReLUCpuFunction = bn_add_relu_function("BNAddReLUCpuFunction", forward, backward)
+
+
+@register_impl("bn_add_act", "cpu", available=available, dtypes=dtype_names(DTYPES))
+def bn_add_act_cpu(x, residual, weight, bias, eps: float):
+    """C++/OpenMP: the residual read in the write pass; backward's first pass stores g, r's
+    gradient, which the dx pass reads; saves x and the output."""
+    if not runs_on(x):
+        raise TypeError(f"bn_add_act cpu: needs a 4-D CPU float32/float64 x with more than one "
+                        f"value per channel, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    return BNAddReLUCpuFunction.apply(x, residual, weight, bias, eps)
 
 
 @register_impl("bn_act", "cpu", available=available, dtypes=dtype_names(DTYPES))

@@ -24,3 +24,23 @@ def bn_act_function(name: str, forward: Callable, backward: Callable) -> type:
 
     return type(name, (torch.autograd.Function,),
                 {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+
+
+def bn_add_relu_function(name: str, forward: Callable, backward: Callable) -> type:
+    """A Function named `name`: relu(BN(x) + residual) without running statistics, saving x,
+    the parameters, the (C,) mean / invstd and the output (ReLU's derivative reads off it, as
+    the fused bn_add_act site keeps it); gradients for x, the residual and the parameters."""
+    def fwd(ctx, x, residual, weight, bias, eps):
+        y, mean, invstd = forward(x, weight, bias, None, None, 0.0, eps, "relu",
+                                  residual=residual)
+        ctx.save_for_backward(x, weight, bias, mean, invstd, y)
+        return y
+
+    @torch.autograd.function.once_differentiable
+    def bwd(ctx, dy):
+        x, weight, bias, mean, invstd, y = ctx.saved_tensors
+        dx, dw, db, dr = backward(dy, x, weight, bias, mean, invstd, "relu", output=y)
+        return dx, dr, dw, db, None
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})

@@ -33,6 +33,13 @@ def bn_act_reference(x, weight, bias, eps: float, act: str = "silu",
     return ACTS[act](z if residual is None else z + residual.double())
 
 
+@register_impl("bn_add_act", "aten")
+def bn_add_act_aten(x, residual, weight, bias, eps: float):
+    """F.batch_norm (training statistics), + residual, then F.relu: a ResNet block's end as
+    eager runs it (saves x, and ReLU's output)."""
+    return F.relu(F.batch_norm(x, None, None, weight, bias, True, 0.0, eps) + residual)
+
+
 @register_impl("bn_act", "aten")
 def bn_act_aten(x, weight, bias, eps: float):
     """F.batch_norm (training statistics) then F.silu: what eager runs (saves x and the BN

@@ -17,7 +17,7 @@ import torch
 
 from fusebench.kernels.bn_act.cpu import ACT_CODES, FROM_OUTPUT
 from fusebench.kernels.checks import check_nchw
-from fusebench.kernels.bn_act.function import bn_act_function
+from fusebench.kernels.bn_act.function import bn_act_function, bn_add_relu_function
 from fusebench.kernels.registry import register_impl
 from fusebench.kernels.triton_support import (available, dense_layout, triton_cdiv,
                                               triton_next_pow2)
@@ -159,6 +159,15 @@ def backward(dy, x, weight, bias, mean, invstd, act: str, residual=None, output=
 
 
 BNActTritonFunction = bn_act_function("BNActTritonFunction", forward, backward)
+
+
+BNAddReLUTritonFunction = bn_add_relu_function("BNAddReLUTritonFunction", forward, backward)
+
+
+@register_impl("bn_add_act", "triton", available=available)
+def bn_add_act_triton(x, residual, weight, bias, eps: float):
+    """Triton: the residual read in the act launch; backward's sums launch stores g."""
+    return BNAddReLUTritonFunction.apply(x, residual, weight, bias, eps)
 
 
 @register_impl("bn_act", "triton", available=available)
