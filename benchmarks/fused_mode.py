@@ -57,7 +57,8 @@ HF = f"{REPO / 'tests' / 'assets' / 'hf_efficientnet.py'}:make"
 MOBILENET = f"{REPO / 'tests' / 'assets' / 'tv_mobilenet.py'}"
 RESNET = f"{REPO / 'tests' / 'assets' / 'tv_resnet.py'}:make"
 # name -> (model reference, factory kwargs); convnext_official at convnext_atto's size,
-# efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's
+# efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's,
+# resnet18 / resnet50 torchvision's layout (tests/assets/tv_resnet.py)
 MODELS = {
     "efficientnet_b0": ("efficientnet_b0", {}),
     "efficientnet_b3": ("efficientnet_b3", {}),
@@ -74,7 +75,7 @@ MODELS = {
 GRID = ("efficientnet_b0", "efficientnet_b3", "convnext_atto", "convnext_official")  # default
 # the assets' tiny defaults
 QUICK_KWARGS = {"convnext_official": {}, "efficientnet_timm": {}, "efficientnet_hf": {},
-                "mobilenet_v2": {}, "mobilenet_v3": {}}
+                "mobilenet_v2": {}, "mobilenet_v3": {}, "resnet18": {}, "resnet50": {}}
 LAYOUTS = {"nchw": False, "cl": True}
 MODES = ("eager", "fused", "compile")
 LOAD_WARN = 1.5          # 1-minute load average above which a cell's timing is suspect
