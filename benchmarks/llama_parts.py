@@ -28,8 +28,10 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import llama  # noqa: E402
+from paired_rounds import ratio_ci  # noqa: E402
 
 from fusebench.fuse import fuse  # noqa: E402
 from fusebench.kernels import get_impl  # noqa: E402
@@ -112,7 +114,6 @@ def _saved_bytes(model, idx) -> int:
 
 
 def step(rounds: int) -> None:
-    from scipy import stats
     torch.manual_seed(0)
     eager = llama.make(size="bench")
     fused = copy.deepcopy(eager)
@@ -125,14 +126,11 @@ def step(rounds: int) -> None:
     for _ in range(rounds):
         te.append(_timed(lambda: _step(eager, idx)))
         tf.append(_timed(lambda: _step(fused, idx)))
-    ratios = [e / f for e, f in zip(te, tf)]
-    ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
-                         random_state=0).confidence_interval
     be, bf = _saved_bytes(eager, idx), _saved_bytes(fused, idx)
     print(f"step (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
-          f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {statistics.median(ratios):.3f}x "
-          f"[{ci.low:.3f}, {ci.high:.3f}] over {rounds} rounds; saved for backward "
-          f"{be / 2**20:.1f} vs {bf / 2**20:.1f} MiB ({bf / be:.2f}x)")
+          f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {ratio_ci(te, tf)} over {rounds} "
+          f"rounds; saved for backward {be / 2**20:.1f} vs {bf / 2**20:.1f} MiB "
+          f"({bf / be:.2f}x)")
 
 
 def main(argv=None) -> int:

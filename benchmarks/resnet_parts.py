@@ -33,8 +33,10 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import tv_resnet  # noqa: E402
+from paired_rounds import ratio_ci  # noqa: E402
 
 from fusebench.fuse import GRAPH_ORDER, ORDER, fuse  # noqa: E402
 from fusebench.fuse.binding import resolve_bn_act  # noqa: E402
@@ -102,7 +104,6 @@ def _saved_bytes(model, x) -> int:
 
 
 def step(depth: str, rounds: int, batch: int, img: int) -> None:
-    from scipy import stats
     without = [n for n in (*ORDER, *GRAPH_ORDER) if n != "bn_add_act"]
     for layout, fmt in LAYOUTS.items():
         torch.manual_seed(0)
@@ -114,7 +115,8 @@ def step(depth: str, rounds: int, batch: int, img: int) -> None:
             fused, base = ChannelsLastInside(fused), ChannelsLastInside(base)
         x = torch.randn(batch, 3, img, img, generator=torch.Generator().manual_seed(1))
         x = x.contiguous(memory_format=fmt)
-        target = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(2))
+        target = torch.randint(0, eager.fc.out_features, (batch,),
+                               generator=torch.Generator().manual_seed(2))
         runs = {"eager": eager, "fused": fused, "fused without bn_add_act": base}
         for _ in range(3):
             for m in runs.values():
@@ -129,17 +131,12 @@ def step(depth: str, rounds: int, batch: int, img: int) -> None:
               f"{statistics.median(times['eager']) * 1e3:.1f} ms, saved for backward "
               f"{saved['eager']:.1f} MiB")
         for k in names[1:]:
-            ratios = [e / f for e, f in zip(times["eager"], times[k])]
-            ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
-                                 random_state=0).confidence_interval
             print(f"  {k}: {statistics.median(times[k]) * 1e3:.1f} ms; eager/it "
-                  f"{statistics.median(ratios):.3f}x [{ci.low:.3f}, {ci.high:.3f}]; saved "
-                  f"{saved[k]:.1f} MiB ({saved[k] / saved['eager']:.2f}x)")
-        pair = [b / f for b, f in zip(times["fused without bn_add_act"], times["fused"])]
-        ci = stats.bootstrap((pair,), statistics.median, n_resamples=2000,
-                             random_state=0).confidence_interval
-        print(f"  without / with bn_add_act: {statistics.median(pair):.3f}x "
-              f"[{ci.low:.3f}, {ci.high:.3f}] over {rounds} rounds")
+                  f"{ratio_ci(times['eager'], times[k])}; saved {saved[k]:.1f} MiB "
+                  f"({saved[k] / saved['eager']:.2f}x)")
+        print(f"  without / with bn_add_act: "
+              f"{ratio_ci(times['fused without bn_add_act'], times['fused'])} over {rounds} "
+              f"rounds")
 
 
 def main(argv=None) -> int:

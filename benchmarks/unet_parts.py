@@ -30,8 +30,10 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import diffusion_unet  # noqa: E402
+from paired_rounds import ratio_ci  # noqa: E402
 
 from fusebench.fuse import fuse  # noqa: E402
 from fusebench.fuse.layout import ChannelsLastInside  # noqa: E402
@@ -87,7 +89,6 @@ def _saved_bytes(model, x, t) -> int:
 
 
 def step(rounds: int, batch: int) -> None:
-    from scipy import stats
     for layout, fmt in LAYOUTS.items():
         torch.manual_seed(0)
         eager = diffusion_unet.make(size="bench").to(memory_format=fmt)
@@ -112,12 +113,8 @@ def step(rounds: int, batch: int) -> None:
               f"{be / 2**20:.1f} vs {bf / 2**20:.1f} MiB ({bf / be:.2f}x); eager "
               f"{statistics.median(times['eager']) * 1e3:.1f} ms")
         for k in list(runs)[1:]:
-            ratios = [e / f for e, f in zip(times["eager"], times[k])]
-            ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
-                                 random_state=0).confidence_interval
             print(f"  {k} {statistics.median(times[k]) * 1e3:.1f} ms; eager/fused "
-                  f"{statistics.median(ratios):.3f}x [{ci.low:.3f}, {ci.high:.3f}] over "
-                  f"{rounds} rounds")
+                  f"{ratio_ci(times['eager'], times[k])} over {rounds} rounds")
 
 
 def main(argv=None) -> int:

@@ -250,3 +250,13 @@ def test_the_output_is_tagged_with_a_rebuild_that_adds_the_residual():
     recipe = recompute.recipe_of(y, "dwconv")
     assert recipe is not None and len(recipe.tensors) == 6
     torch.testing.assert_close(recipe(*recipe.tensors), y.detach(), atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_resnet_parts_benchmark_runs_at_a_tiny_size(capsys):
+    from tests.helpers import load_benchmark
+    bench = load_benchmark("resnet_parts")
+    assert bench.main(["--depth", "tiny", "--rounds", "2", "--img", "32", "--threads", "1",
+                       "--skip-kernels"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("without / with bn_add_act:") == 2 and "bn_add_act': 5" in out

@@ -15,7 +15,7 @@ from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.fusions.bn_silu import (act_input, bn_affine, residual_grad, residual_keep,
                                              train_bn_act)
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import match_act, pure_act
+from fusebench.fuse.fx.acts import act_ending_at, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.kernels.bn_act.cpu import ACT_CODES
 
@@ -73,7 +73,7 @@ def bn_act(n, scope):
     """BatchNorm2d [-> nn.Identity] -> SiLU/ReLU/GELU/ReLU6/hardswish (one node, or written out:
     fx/spelled.py) -> one Function (train or eval statistics); the BN an nn.BatchNorm2d call or
     a subclass's F.batch_norm (timm's BatchNormAct2d, whose `drop` is the identity between)."""
-    act = match_act(n) if N.op(n) in (*N.ACTS, "hardsigmoid", "mul", "div") else None
+    act = act_ending_at(n)
     if act is None:
         return None
     bn, between = N.above_identities(N.x_of(n) if isinstance(act, str) else act.x,

@@ -24,7 +24,7 @@ from fusebench.fuse.fusions.bn_silu import train_bn_act
 from fusebench.fuse.fusions.bn_train import IDENTITY
 from fusebench.fuse.fusions.fx_bn_act import bn_eval_kernel, kernel_act
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import match_act, pure_act
+from fusebench.fuse.fx.acts import act_ending_at, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.fuse.fx.residual import run_ops_residual
 from fusebench.kernels.bn_act.cpu import ACT_CODES
@@ -42,15 +42,10 @@ def bn_add_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
     return Site(SITE_NAME, run)
 
 
-def _act_of(n: fx.Node):
-    """The activation whose output is n (match_act's answer) if n is one, else None."""
-    return match_act(n) if N.op(n) in (*N.ACTS, "hardsigmoid", "mul", "div") else None
-
-
 def _act_on(u: fx.Node, n: fx.Node) -> bool:
     """u ends an activation of n (one node, or a written-out one: `n * sigmoid(n)`) that
     every use of n is inside; n used elsewhere too: BN + add is the site, the act aten's."""
-    act = _act_of(u)
+    act = act_ending_at(u)
     return act is not None and not isinstance(act, str) and act.x is n \
         and set(n.users) <= {u, *act.nodes}
 
@@ -90,7 +85,7 @@ def bn_add_act(n, scope):
     else:
         # the add node came first in the walk and left it to this act (an act no kernel
         # computes, or a sum used elsewhere too, took the add alone there)
-        act = _act_of(n)
+        act = act_ending_at(n)
         if act is None or isinstance(act, str) or not _act_on(n, act.x):
             return None
         add = act.x

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from fusebench.fuse.binding import GnActImpl, resolve_gn_act
 from fusebench.fuse.fusions.fx_bn_act import kernel_act
 from fusebench.fuse.fx import nodes as N
-from fusebench.fuse.fx.acts import match_act
+from fusebench.fuse.fx.acts import act_ending_at
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.kernels.bn_act.cpu import ACT_CODES
 from fusebench.kernels.bn_act.reference import ACTS
@@ -96,7 +96,7 @@ def _cast_up(x, down: tuple) -> tuple:
 def gn_act(n, scope):
     """GroupNorm [-> identities] -> SiLU/ReLU/GELU/ReLU6/hardswish (one node or written out)
     -> the gn_act kernel; GroupNorm32's casts around the norm included."""
-    act = match_act(n) if N.op(n) in (*N.ACTS, "hardsigmoid", "mul", "div") else None
+    act = act_ending_at(n)
     if act is None:
         return None
     top = N.x_of(n) if isinstance(act, str) else act.x

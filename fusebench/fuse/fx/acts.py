@@ -43,6 +43,12 @@ def match_act(n: fx.Node) -> Spelled | str | None:
     return act if act is not None else spelled(n)
 
 
+def act_ending_at(n: fx.Node) -> Spelled | str | None:
+    """match_act(n) where n can end an activation (an act node, or the last op of one written
+    out: a mul or a div), else None without looking further."""
+    return match_act(n) if N.op(n) in (*N.ACTS, "hardsigmoid", "mul", "div") else None
+
+
 @functools.cache
 def _quick_gelu() -> Pure:
     def fwd(x):                                    # the user's own ops, so the same numbers
