@@ -27,8 +27,10 @@ def built():
 
 
 def kernel_names(y) -> list[str]:
+    """The fused Functions' kernels in y's graph (a residual's: an MBConv's skip added in its
+    projection's BN kernel)."""
     return [n.kernel.name for n in autograd_nodes(y)
-            if type(n).__name__ == "MultiOpFunctionBackward"]
+            if type(n).__name__ in ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")]
 
 
 def step(model, ref, x, tol):

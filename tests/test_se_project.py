@@ -79,8 +79,28 @@ def test_zoo_mbconv_rule_matches_float64_eager_with_residual(layout):
         y = assert_matches_eager(model, ref, _inputs(layout, c=8, hw=(12, 12)))
     # 12x12 -> 144 >= 8 (first), 6x6 = 36 >= 24 (second): both fold
     assert kernels(y)["se_project"] == 2 and kernels(y)["se_gate"] == 0, kernels(y)
+    # the first block's skip: added in its projection's BN kernel (one Function, no add)
+    skips = [n.kernel.name for n in autograd_nodes(y)
+             if type(n).__name__ == "ResidualOpFunctionBackward"]
+    assert skips == ["bn_train[bn_act_cpu:identity]"], skips
+    assert not any(type(n).__name__ == "AddBackward0" for n in autograd_nodes(y))
     for (n, b), c in zip(model.named_buffers(), ref.buffers()):
         torch.testing.assert_close(b, c, msg=n)
+
+
+def test_a_live_drop_path_keeps_the_skip_add_outside_the_kernel():
+    """Stochastic depth drops the branch per sample while training: the add stays aten's
+    there; a rate of 0, or eval, is the identity and folds."""
+    from fusebench.fuse.fusions.se_project import _drops_nothing
+    from fusebench.models.layers import DropPath
+    live = DropPath(0.2)
+    assert not _drops_nothing(live.train()) and _drops_nothing(live.eval())
+    assert _drops_nothing(DropPath(0.0).train()) and _drops_nothing(nn.Identity())
+    torch.manual_seed(0)
+    model = MBConv(8, 8, 3, 1, 4, drop_path=0.5).double().train()
+    fuse(model, "train")
+    y = model(_inputs("nchw", c=8, hw=(12, 12))[0])
+    assert not any(type(n).__name__ == "ResidualOpFunctionBackward" for n in autograd_nodes(y))
 
 
 def test_the_gated_tensor_is_not_saved():

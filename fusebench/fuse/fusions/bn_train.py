@@ -3,8 +3,9 @@ ConvBNAct(act=False): MBConv's projection) -> the bn_act kernel with the identit
 op BN (weight, bias): one statistics pass + one write pass forward, two passes backward, saving
 the BN input and the (C,) statistics as aten's batch norm does. The kernel's forward +
 backward measured 1.3-2.8x aten's batch norm's at EfficientNet shapes, both layouts
-(docs/fused.md, "Recompute instead of save"). Without the kernel (another device or dtype, or unavailable):
-aten's batch norm, through the same Function (bn_silu.train_bn_act)."""
+(docs/fused.md, "Recompute instead of save"). Without the kernel (another device or dtype, or
+unavailable): aten's batch norm, through the same Function (bn_silu.train_bn_act). The
+enclosing MBConv may hand it its skip (forward's `res`): added in the kernel's write pass."""
 from __future__ import annotations
 
 import torch
@@ -27,15 +28,16 @@ class FusedConvBN(FusedModule):
         super().__init__()
         self.conv, self.bn, self._impl = src.conv, src.bn, impl
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.after_conv(run_conv(self.conv, x))    # a 1x1 conv: a GEMM on channels-last
+    def forward(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
+        return self.after_conv(run_conv(self.conv, x), res)  # 1x1: a GEMM on channels-last
 
-    def after_conv(self, c: torch.Tensor) -> torch.Tensor:
-        """The BN on the conv's output c (se_project computes c itself)."""
+    def after_conv(self, c: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
+        """The BN on the conv's output c (se_project computes c itself) [+ res, the enclosing
+        block's residual, added in the kernel's write pass]."""
         bn = self.bn
         if not (bn.training and bn.track_running_stats and bn.affine):
-            return bn(c)
-        return train_bn_act(bn, c, self._impl, IDENTITY, "identity", "bn_train")
+            return bn(c) if res is None else bn(c) + res
+        return train_bn_act(bn, c, self._impl, IDENTITY, "identity", "bn_train", residual=res)
 
 
 @register_fusion("bn_train", ConvBNAct, benches=("train",))

@@ -29,7 +29,7 @@ from fusebench.fuse.fusions.se_gate import FusedSqueezeExcite, squeeze, squeeze_
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.kernels.act.gate import gate_grad, gate_of
-from fusebench.models.layers import ConvBNAct, MBConv, SqueezeExcite
+from fusebench.models.layers import ConvBNAct, DropPath, MBConv, SqueezeExcite
 
 
 def folds(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -104,16 +104,26 @@ def se_project(x, reduce: nn.Module, expand: nn.Module, proj: nn.Module, act: Pu
                                                (proj.weight, proj.bias)))
 
 
-def _after_conv(block: nn.Module, c):
-    """The projection block's BN (+ act) on its conv's output c."""
+def _after_conv(block: nn.Module, c, res=None):
+    """The projection block's BN (+ act) on its conv's output c [+ the block's residual]."""
     if isinstance(block, FusedConvBN):
-        return block.after_conv(c)
-    return block.act(block.bn(c))
+        return block.after_conv(c, res)
+    y = block.act(block.bn(c))
+    return y if res is None else y + res
+
+
+def _drops_nothing(dp: nn.Module) -> bool:
+    """The block's drop path is the identity in this call (rate 0, or not training): its
+    residual add may go into the projection's BN kernel."""
+    return isinstance(dp, nn.Identity) or (
+        type(dp) is DropPath and (dp.drop_prob == 0.0 or not dp.training))
 
 
 class FusedMBConv(FusedModule):
     """MBConv with its SE and projection conv in one se_project Function where it `folds`;
-    the same children under the same names (already fused by the earlier rules)."""
+    the same children under the same names (already fused by the earlier rules). The skip's
+    add runs in the projection's BN kernel (bn_train's with a residual) where the drop path
+    drops nothing."""
     fusion = "se_project"
 
     def __init__(self, src: MBConv, act: Pure):
@@ -125,11 +135,18 @@ class FusedMBConv(FusedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_dw(self.conv_pw(x))
         proj = self.conv_pwl.conv
+        # the skip's add in the projection's BN write pass (as the graph bn_add_act site runs
+        # it) where nothing is dropped
+        res = x if self.has_skip and _drops_nothing(self.drop_path) else None
         if folds(h, proj.weight):
             y = _after_conv(self.conv_pwl, se_project(h, self.se.conv_reduce,
-                                                      self.se.conv_expand, proj, self._act))
+                                                      self.se.conv_expand, proj, self._act), res)
+        elif isinstance(self.conv_pwl, FusedConvBN):
+            y = self.conv_pwl(self.se(h), res)
         else:
-            y = self.conv_pwl(self.se(h))
+            y = _after_conv(self.conv_pwl, self.conv_pwl.conv(self.se(h)), res)
+        if res is not None:
+            return y
         return x + self.drop_path(y) if self.has_skip else y
 
 
