@@ -4,6 +4,7 @@ the VM's drift, which moves both sides of a round alike, cancel out of each rati
 from __future__ import annotations
 
 import statistics
+import time
 
 
 def ratio_ci(num, den) -> str:
@@ -13,3 +14,33 @@ def ratio_ci(num, den) -> str:
     ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
                          random_state=0).confidence_interval
     return f"{statistics.median(ratios):.3f}x [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def timed(fn) -> float:
+    """Seconds one call of fn takes (perf_counter)."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def alternate(steps: dict, rounds: int, warmup: int = 3) -> dict:
+    """{name: [seconds per round]}: after `warmup` calls of each, `rounds` rounds that call
+    each step once, in the dict's order."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            times[name].append(timed(fn))
+    return times
+
+
+def saved_bytes(model, *inputs) -> int:
+    """Bytes autograd saves for backward in one forward of model (its Parameters left out)."""
+    from fusebench.measure.memory import SavedTensorBytes
+    counter = SavedTensorBytes(exclude=list(model.parameters()))
+    with counter.track():
+        out = model(*inputs)
+    del out
+    return counter.bytes

@@ -26,7 +26,8 @@ from tests.helpers import assert_matches_eager, autograd_nodes
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
                     llama,
-                    nano_gpt, timm_efficientnet, tv_efficientnet, tv_mobilenet, tv_resnet)
+                    nano_gpt, timm_efficientnet, torch_transformer, tv_efficientnet,
+                    tv_mobilenet, tv_resnet)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -60,6 +61,15 @@ def llama_tokens():
 
 
 LLAMA = {"rms_norm": 5, "glu_mlp": 2}
+
+
+def TORCH_POST_RELU():                   # noqa: N802 - a factory, named like the others
+    return torch_transformer.make(norm_first=False, activation="relu")
+
+
+def torch_inputs(factory):
+    torch.manual_seed(1)
+    return factory().example_inputs(2, "cpu", torch.float64)
 
 
 # every SE's H*W >= its projection's channels at 32 px: all fold into the projection;
@@ -118,6 +128,14 @@ ASSETS = {
     "tv_mobilenet_v3": (tv_mobilenet.make_v3, lambda: (image(),),
                         {"bn_act": 7, "bn_train": 2, "bn_add_act": 1, "dwconv": 3,
                          "conv1x1": 4, "mlp": 1, "se_gate": 2, "se_project": 2}),
+    # torch.nn's own transformer modules (a leaf each to fx): the encoder layers traced through
+    # their training path, the decoder layers through their own forward; one mlp per layer
+    "torch_encoder": (torch_transformer.make, lambda: torch_inputs(torch_transformer.make),
+                      {"mlp": 2}),
+    "torch_encoder_post_relu": (TORCH_POST_RELU, lambda: torch_inputs(TORCH_POST_RELU),
+                                {"mlp": 2}),
+    "torch_seq2seq": (torch_transformer.make_seq2seq,
+                      lambda: torch_inputs(torch_transformer.make_seq2seq), {"mlp": 4}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -414,11 +432,31 @@ def test_identity_dropouts_between_the_activation_and_fc2_are_skipped(mlp, site_
 
 
 @pytest.mark.parametrize("mlp", [TimmMlp, SequentialMlp])
-def test_a_live_dropout_before_fc2_is_a_reason_not_a_site(mlp):
-    result = fuse(MlpBlock(6, p=0.1, mlp=mlp).train(), "train")
-    assert not result.sites
-    assert any("dropout with p > 0 between the activation and fc2" in str(n)
-               for n in result.notes), result.notes
+def test_a_live_dropout_before_fc2_joins_the_site_with_eagers_mask(mlp, site_calls):
+    """A live dropout between the act and fc2 (p > 0, training) runs inside the mlp site,
+    drawn as F.dropout draws it: from one seed, the fused and the eager step drop the same
+    values (forward and gradients as float64 eager), another seed drops others, and the site
+    saves the mask in place of eager's dropout output."""
+    torch.manual_seed(0)
+    model = MlpBlock(6, p=0.3, mlp=mlp).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mlp": 1}, (result.sites, result.notes)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    y, r = model(x), None
+    torch.manual_seed(7)
+    r = ref(x)
+    torch.testing.assert_close(y, r, atol=1e-12, rtol=1e-12)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-12, rtol=1e-12, msg=n)
+    names = [n.kernel.name for n in autograd_nodes(y) if type(n).__name__ in FUSED_NODES]
+    assert names == ["mlp[linear,gelu[none],dropout 0.3]"], names
+    torch.manual_seed(8)
+    assert not torch.equal(model(x), y)
+    assert saved_bytes(model, (x,)) < saved_bytes(ref, (x,))
 
 
 def test_a_classifier_dropout_is_no_mlp_candidate():
@@ -689,7 +727,11 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                # downsample Sequentials' (conv_bn_fold_seq)
                **dict.fromkeys(("tv_resnet", "tv_resnet_functional"),
                                {"conv_bn_fold": 16, "conv_bn_fold_seq": 4}),
-               "tv_resnet_basic": {"conv_bn_fold": 11, "conv_bn_fold_seq": 3}}
+               "tv_resnet_basic": {"conv_bn_fold": 11, "conv_bn_fold_seq": 3},
+               # in eval the encoder layers are left to torch's one-op fast path (a note);
+               # the decoder layers have none: their MLPs fuse
+               "torch_encoder": {}, "torch_encoder_post_relu": {},
+               "torch_seq2seq": {"mlp": 2}}
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))
@@ -799,7 +841,10 @@ DIST_MODELS = {   # name -> (factory, input, sites)
     # BN sites (bn_act, bn_add_act with the residual's gradient, bn_train) read the BNs'
     # parameters at call time: FSDP's flat views. float64: a float32 ResNet's gradients differ
     # from eager's by more than the tolerance below through the BNs alone (rounding)
-    "tv_resnet": (lambda: tv_resnet.make().double(), lambda: image(), RESNET)}
+    "tv_resnet": (lambda: tv_resnet.make().double(), lambda: image(), RESNET),
+    # torch.nn's TransformerEncoderLayers, traced through a stand-in of their training path
+    "torch_encoder": (torch_transformer.make, lambda: torch_inputs(torch_transformer.make)[0],
+                      {"mlp": 2})}
 
 
 def _dist_rank(rank: int, init_file: str, out_dir: str, name: str) -> None:

@@ -52,8 +52,9 @@ def ln_before(fc_node, x):
     return (x, ln) if list(x.users) == [fc_node] else "LayerNorm output used elsewhere too"
 
 
-def _mlp_fc1(n, depth: int = 12) -> bool:
-    """n feeds an activation (one node or written out) whose output a Linear takes: fc1."""
+def _mlp_fc1(n, bench: str, depth: int = 12) -> bool:
+    """n feeds an activation (one node or written out) whose output a Linear takes, through
+    identity dropouts (nn.TransformerEncoderLayer's `dropout` at p = 0): fc1."""
     todo, seen = list(n.users), set()
     while todo and len(seen) < depth * 4:
         u = todo.pop()
@@ -63,6 +64,8 @@ def _mlp_fc1(n, depth: int = 12) -> bool:
         act = match_act(u)
         if act is not None and not isinstance(act, str) and act.x is n:
             fc2 = N.single_user(u)
+            while fc2 is not None and N.identity_dropout(fc2, bench):
+                fc2 = N.single_user(fc2)
             return fc2 is not None and N.op(fc2) == "linear"
         todo.extend(u.users)
     return False
@@ -80,11 +83,11 @@ def ln_then_linear(n, scope):
     got = ln_before(n, fc.x) if isinstance(fc, tuple) else None
     if got is None:
         return None
+    if isinstance(got, str):                         # not a site, opted in or not
+        return Miss("ln_linear", got)
     if "ln_linear" not in scope.ctx.opt_in:
         return Miss("ln_linear", OFF)
-    if isinstance(got, str):
-        return Miss("ln_linear", got)
-    if _mlp_fc1(n):
+    if _mlp_fc1(n, scope.ctx.bench):
         return None                                  # the mlp site takes the LayerNorm in
     (ln_node, ln), w, b = got, fc.weight, fc.bias
     x, eps, lw, lb = ln_args(ln)

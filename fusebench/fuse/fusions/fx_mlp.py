@@ -93,11 +93,19 @@ FC = {"linear": Fc(gemm.linear, _linear_bwd, -1, gemm.nt_add, _contiguous_rows),
                    odim=1)}
 
 
+# acts whose derivative reads off their output g alike (g > 0; 0 < g < 6, as aten's
+# hardtanh_backward reads z): the site keeps g, as eager's ReLU does, and recomputes nothing
+FROM_OUTPUT = {"relu": lambda dg, g: torch.ops.aten.threshold_backward(dg, g, 0),
+               "relu6": lambda dg, g: torch.ops.aten.hardtanh_backward(dg, g, 0.0, 6.0)}
+
+
 class BiasAct:
-    """act(h0 + b1) and its backward (dh, db1) along the fc's channel dim; b1 may be None."""
+    """act(h0 + b1) and its backward (dh, db1) along the fc's channel dim; b1 may be None.
+    from_output(dg, g): the act's backward from its output, for FROM_OUTPUT's acts."""
 
     def __init__(self, act: Pure, bias_gelu: Pure | None, approximate: str, cdim: int):
         self.act, self.bias_gelu, self.approx, self.cdim = act, bias_gelu, approximate, cdim
+        self.from_output = FROM_OUTPUT.get(act.impl)
 
     def _nchw(self, h):
         """bias_gelu's (N, C, H, W) operand. A linear's (..., C) goes in as the free view
@@ -133,22 +141,52 @@ class BiasAct:
         return self._back(dh, h0), db, self._back(g, h0)
 
 
-def mlp_backward(ba: BiasAct, fc_bwd, dy, h0, b1, w2, has_b2):
-    """(dh, db1, dw2, db2) of fc2(act(h0 + b1)) from the saved h0: fc2's dx first, then the
-    activation's backward, which also rebuilds the activation fc2's weight gradient needs
-    (bias_gelu's bwd_y: one pass, one exp per value; else act.fwd, then act.bwd)."""
+def _same(t):
+    return t
+
+
+def mlp_backward(ba: BiasAct, fc_bwd, dy, h0, b1, w2, has_b2, drop=_same):
+    """(dh, db1, dw2, db2) of fc2(drop(act(h0 + b1))) from the saved h0: fc2's dx first, then
+    the activation's backward, which also rebuilds the activation fc2's weight gradient needs
+    (bias_gelu's bwd_y: one pass, one exp per value; else act.fwd, then act.bwd). drop(t):
+    t through the forward's dropout mask (the identity where there is none)."""
     dg, weight_grads = fc_bwd(dy, h0, w2, has_b2)
+    dg = drop(dg)
     got = ba.bwd_recomputing(dg, h0, b1)
     if got is None:
         g = ba.fwd(h0, b1)
         dh, db1 = ba.bwd(dg, h0, b1)
     else:
         dh, db1, g = got
-    return (dh, db1, *weight_grads(g))
+    return (dh, db1, *weight_grads(drop(g)))
+
+
+def _dropout(g, p: float):
+    """(F.dropout(g, p, True), what backward masks with), drawn as F.dropout draws it, so that
+    a seeded step masks as eager's does. aten's dropout runs native_dropout (a bool mask) on
+    CUDA / XPU, and on CPU multiplies by a float noise tensor, bernoulli_(1 - p) / (1 - p):
+    that noise is kept (a multiply by a bool mask ran 4x slower than by floats on CPU)."""
+    if g.device.type in ("cuda", "xpu"):
+        return torch.native_dropout(g, p, True)
+    noise = torch.empty_like(g).bernoulli_(1 - p).div_(1 - p)
+    return g * noise, noise
+
+
+def _dropped(mask, p: float):
+    """t -> t through _dropout's mask: the mask's gradient, and the dropout's output rebuilt
+    from the act's (t * mask, as aten's own dropout computes both)."""
+    if mask is None:
+        return _same
+    if mask.dtype == torch.bool:
+        return lambda t: torch.ops.aten.native_dropout_backward(t, mask, 1.0 / (1.0 - p))
+    return lambda t: t * mask
 
 
 @functools.cache
-def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
+def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
+    """p: a live dropout's between the act and fc2 (0 < p < 1), drawn as F.dropout draws it
+    (_dropout); its mask is saved, the dropout's output rebuilt in backward (eager keeps
+    both)."""
     fc_fwd, fc_bwd, fc_add = FC[fc].fwd, FC[fc].bwd, FC[fc].add
 
     def unpack(groups):
@@ -165,14 +203,26 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
     def fwd(h0, groups, res=None):
         b1, w2, b2, gamma = unpack(groups)
         g = ba.fwd(h0, b1)
+        keep = g if ba.from_output else h0     # what backward rebuilds the rest from
+        saved = (keep,)
+        if p:
+            g, mask = _dropout(g, p)
+            saved = (keep, mask)
         if res is None:
-            return fc_fwd(g, *folded(w2, b2, gamma)), (h0,)
-        return fc_add(res, g, *folded(w2, b2, gamma)), (h0,)
+            return fc_fwd(g, *folded(w2, b2, gamma)), saved
+        return fc_add(res, g, *folded(w2, b2, gamma)), saved
 
     def bwd(dy, saved, groups):
-        (h0,), (b1, w2, b2, gamma) = saved, unpack(groups)
+        (kept, *mask), (b1, w2, b2, gamma) = saved, unpack(groups)
+        drop = _dropped(mask[0] if mask else None, p)
         w2f, b2f = folded(w2, b2, gamma)
-        dh, db1, dw2f, db2f = mlp_backward(ba, fc_bwd, dy, h0, b1, w2f, b2 is not None)
+        if ba.from_output:                    # kept = g; fc1's bias is in fc1's own GEMM
+            dg, weight_grads = fc_bwd(dy, kept, w2f, b2 is not None)
+            dh, db1 = ba.from_output(drop(dg), kept), None
+            dw2f, db2f = weight_grads(drop(kept))
+        else:
+            dh, db1, dw2f, db2f = mlp_backward(ba, fc_bwd, dy, kept, b1, w2f, b2 is not None,
+                                               drop)
         grads = [(db1,) if b1 is not None else (), None, ()]
         if gamma is None:
             grads[1] = (dw2f, db2f) if b2 is not None else (dw2f,)
@@ -182,14 +232,15 @@ def mlp_kernel(ba: BiasAct, fc: str) -> MultiOpKernel:
             grads[1] = (dw2f * bc, db2f * gamma) if b2 is not None else (dw2f * bc,)
             grads[2] = (dgam.reshape(groups[2][0].shape),)
         return dh, tuple(grads)
-    return MultiOpKernel(f"mlp[{fc},{ba.act.impl}]", fwd, bwd)
+    return MultiOpKernel(f"mlp[{fc},{ba.act.impl}{f',dropout {p}' if p else ''}]", fwd, bwd)
 
 
 def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
-             residual: bool = False) -> Site:
+             residual: bool = False, p: float = 0.0) -> Site:
     """run(x, [ln weight, ln bias,] w1, b1, w2, b2, [res,] [gamma]): with ln_eps, fc1 takes
-    LayerNorm(x) (ln_linear); with residual, res + the MLP, the add inside fc2's GEMM."""
-    kernel, fc_fwd = mlp_kernel(ba, fc), FC[fc].fwd
+    LayerNorm(x) (ln_linear); with residual, res + the MLP, the add inside fc2's GEMM; p: a
+    live dropout between the act and fc2."""
+    kernel, fc_fwd = mlp_kernel(ba, fc, p), FC[fc].fwd
 
     def run(x, *args):
         if ln_eps is not None:
@@ -197,9 +248,12 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         w1, b1, w2, b2, *rest = args
         res, gamma = (rest[0], rest[1:]) if residual else (None, rest)
         gamma = gamma[0] if gamma else None
-        # fc1 without its bias (the bias is fused); LN(x) recomputed in backward with ln_eps
-        h0 = fc_fwd(x, w1) if ln_eps is None else ln_linear(x, ln_eps, lw, lb, w1)
-        groups = ((b1,), (w2, b2), (gamma,))
+        # fc1 without its bias where the kernel adds it (it saves fc1's output and rebuilds
+        # act(h0 + b1) in backward), with it where the act's output is kept; LN(x) recomputed
+        # in backward with ln_eps
+        b_in = b1 if ba.from_output else None
+        h0 = fc_fwd(x, w1, b_in) if ln_eps is None else ln_linear(x, ln_eps, lw, lb, w1, b_in)
+        groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
         if not foldable(res, h0, w2, fc):
@@ -253,14 +307,23 @@ def _residual(out, scope):
     return u, res, (out, *skipped)
 
 
-def _live_dropout(drop):
-    """A Miss where the dropout sits between an MLP's activation and fc2 (else not an MLP:
-    e.g. a classifier's `Dropout -> Linear`)."""
-    above = N.x_of(drop)
+def _live_dropout(drop, fc2_node, fc2, below: tuple, bench: str):
+    """A live dropout (p > 0, training) between an MLP's act and fc2 (nn.TransformerEncoderLayer's
+    `dropout`, default p 0.1): (the act's node, the dropout and identities above it, p); a
+    Miss where it cannot join the site; None where it is no MLP's (a classifier's
+    `Dropout -> Linear`). `below`: the identities between it and fc2."""
+    above, more = N.above_identities(N.x_of(drop), bench)
     act = match_act(above) if above is not None else None
     if act is None or isinstance(act, str) or not isinstance(N.fc(act.x), tuple):
         return None
-    return Miss("mlp", "a dropout with p > 0 between the activation and fc2 (training)")
+    p = N.dropout_p(drop)
+    if p is None or not 0 < p < 1:
+        return Miss("mlp", "a dropout between the activation and fc2 whose p is not a "
+                           "constant in (0, 1)")
+    into = len(drop.users) == 1 if below else set(drop.users) <= {fc2_node, *fc2.inner}
+    if not into:
+        return Miss("mlp", "an intermediate output is used elsewhere too")
+    return above, (drop, *more), float(p)
 
 
 def _gates_an_se(fc2, depth: int = 6) -> bool:
@@ -283,8 +346,13 @@ def mlp(n, scope):
     fc2 = N.fc(n)
     act_node, drops = N.above_identities(fc2.x, scope.ctx.bench) if isinstance(fc2, tuple) \
         else (None, ())
+    p = 0.0
     if N.op(act_node) == "dropout":    # one above_identities did not skip: p > 0 in training
-        return _live_dropout(act_node)
+        live = _live_dropout(act_node, n, fc2, drops, scope.ctx.bench)
+        if not isinstance(live, tuple):
+            return live
+        act_node, more, p = live
+        drops = (*drops, *more)
     act = match_act(act_node) if act_node is not None else None
     if act is None:
         return None
@@ -320,5 +388,5 @@ def mlp(n, scope):
     out, res, skipped = _residual(mul or n, scope)
     if res is not None:
         args = (*args[:4], res, *args[4:])
-    return Hit("mlp", out, mlp_site(ba, op, eps, res is not None), (*head, *args),
+    return Hit("mlp", out, mlp_site(ba, op, eps, res is not None, p), (*head, *args),
                (*nodes, *skipped), also=("ln_linear",) if ln else ())

@@ -85,9 +85,14 @@ def identity_dropout(n, bench: str) -> bool:
     if op(n) != "dropout":
         return False
     m = module(n)
-    p = m.p if m is not None else number(arg(n, 1, "p", 0.5))
-    training = m.training if m is not None else arg(n, 2, "training", True)
-    return p == 0 or (training is False) or (m is not None and bench == "infer")
+    training = m.training if m is not None else arg(n, 2, "training", arg(n, 2, "train", True))
+    return dropout_p(n) == 0 or (training is False) or (m is not None and bench == "infer")
+
+
+def dropout_p(n) -> float | None:
+    """A dropout node's p (nn.Dropout's, or F.dropout's / torch.dropout's constant argument)."""
+    m = module(n)
+    return m.p if m is not None else number(arg(n, 1, "p", 0.5))
 
 
 def above_identities(n, bench: str, inside: frozenset = frozenset()) -> tuple:

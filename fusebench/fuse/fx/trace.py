@@ -21,6 +21,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
+from fusebench.fuse.fx import torch_modules
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
 
@@ -39,10 +40,14 @@ class _Tracer(fx.Tracer):
 
 def _std_leaf(m: nn.Module) -> bool:
     """A FusedModule, a torch.nn layer, or a subclass of one that keeps its forward (a leaf
-    like the layer, so that its node is the layer's: fx/nodes.op)."""
-    return isinstance(m, FusedModule) or (
-        m.__module__.startswith("torch.nn") and not isinstance(m, (nn.Sequential, *CONTAINERS))
-    ) or torch_layer_of(m) is not None
+    like the layer, so that its node is the layer's: fx/nodes.op); not the torch.nn
+    transformers, which stay leaves in a parent's trace but are walked into (torch_modules)."""
+    if isinstance(m, FusedModule):
+        return True
+    if torch_modules.seen_into(m):
+        return False
+    return (m.__module__.startswith("torch.nn") and not isinstance(m, (nn.Sequential, *CONTAINERS))
+            ) or torch_layer_of(m) is not None
 
 
 def _join(path: str, name: str) -> str:
@@ -68,10 +73,13 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     opaque: set[int] = set()
     memo: dict[int, list] = {}
     failed: dict[tuple[str, str], list[str]] = {}      # (class, reason) -> paths
+    kept: dict[tuple[str, str], list[str]] = {}        # (class, reason) -> paths
 
     def trace(m):
+        if isinstance(m, CONTAINERS) or torch_modules.walked_only(m):
+            return None
         try:
-            return fx.GraphModule(m, _Tracer(opaque).trace(m))
+            return fx.GraphModule(m, _Tracer(opaque).trace(torch_modules.traced_as(m)))
         except Exception as e:                       # noqa: BLE001 - any trace failure
             return e
 
@@ -87,10 +95,15 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     def resolve(path, m):
         if id(m) in memo:
             return memo[id(m)]
-        gm = None if isinstance(m, CONTAINERS) else trace(m)
+        why = torch_modules.left_to_torch(m)
+        if why:
+            kept.setdefault((type(m).__name__, why), []).append(path or "the model")
+            memo[id(m)] = []
+            return []
+        gm = trace(m)
         if not isinstance(gm, fx.GraphModule):
             roots = below(path, m)                   # marks untraceable children opaque
-            retry = None if isinstance(m, CONTAINERS) else trace(m)
+            retry = trace(m)
             if not isinstance(retry, fx.GraphModule):
                 opaque.add(id(m))
                 if gm is not None:
@@ -113,6 +126,10 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
         notes.append(("fx_fallback", f"fx trace of {', '.join(paths[:3])}{more} ({cls}) "
                                      f"failed: {reason}; its submodules are matched on their own"))
+    for (cls, reason), paths in kept.items():
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        notes.append(("not_fused", f"{cls}: {len(paths)} module(s) {reason} "
+                                   f"(at {', '.join(paths[:3])}{more})"))
     return roots
 
 

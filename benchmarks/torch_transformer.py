@@ -1,0 +1,82 @@
+"""A transformer built from torch.nn's own modules (nn.TransformerEncoderLayer), train step eager
+vs fused mode, side by side in one process.
+
+    python benchmarks/torch_transformer.py --threads 2          # ~2 min on the 2-vCPU VM
+    python benchmarks/torch_transformer.py --threads 1 --rounds 12
+
+Model: tests/assets/torch_transformer.py at size "bench" (4 layers, width 256, MLP 1024, 128
+tokens, a key-padding mask), one variant per --variants entry (VARIANTS: pre- or post-norm,
+GELU or ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1).
+Each variant's eager and fused models (fusebench.fuse, one seed) take their steps (forward, cross-entropy,
+backward) alternately for --rounds rounds after a warm-up: the median per-round eager/fused
+ratio with a 95% bootstrap interval, and the bytes each saves for backward.
+Measure on a quiet machine: the script prints the 1-minute load before and after."""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from assets import torch_transformer  # noqa: E402
+from paired_rounds import alternate, ratio_ci, saved_bytes  # noqa: E402
+
+from fusebench.fuse import fuse  # noqa: E402
+
+VARIANTS = {"pre-gelu": dict(norm_first=True, activation="gelu"),
+            "post-gelu": dict(norm_first=False, activation="gelu"),
+            "pre-relu": dict(norm_first=True, activation="relu"),
+            "post-relu": dict(norm_first=False, activation="relu"),
+            # torch's defaults: post-norm, ReLU, dropout 0.1
+            "default": dict(norm_first=False, activation="relu", dropout=0.1),
+            "pre-gelu-drop": dict(norm_first=True, activation="gelu", dropout=0.1)}
+
+
+def _step(model, ids, labels):
+    F.cross_entropy(model(ids), labels).backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def variant(name: str, batch: int, rounds: int) -> None:
+    torch.manual_seed(0)
+    eager = torch_transformer.make(size="bench", **VARIANTS[name])
+    fused = copy.deepcopy(eager)
+    sites = fuse(fused, "train").sites
+    ids, = eager.example_inputs(batch, "cpu", torch.float32)
+    labels = torch.randint(0, 10, (batch,))
+    t = alternate({m: (lambda m=m: _step(m, ids, labels)) for m in (eager, fused)}, rounds)
+    te, tf = t[eager], t[fused]
+    be, bf = saved_bytes(eager, ids), saved_bytes(fused, ids)
+    print(f"{name} (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
+          f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {ratio_ci(te, tf)} over {rounds} "
+          f"rounds; saved for backward {be / 2**20:.1f} vs {bf / 2**20:.1f} MiB "
+          f"({bf / be:.2f}x)", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}, batch {args.batch}; load {os.getloadavg()[0]:.2f}")
+    for name in args.variants.split(","):
+        variant(name, args.batch, args.rounds)
+    print(f"load after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
