@@ -147,6 +147,45 @@ def test_a_wrong_gradient_fails_the_repeated_check_too(fault_modes):
     assert "first: ok" in rec.correctness.detail and "(failed again)" in rec.correctness.detail
 
 
+GPT = f"{ASSETS / 'tiny_gpt.py'}:make"
+
+
+def test_a_token_models_miss_is_repeated_at_moved_weights(fault_modes):
+    """Token ids cannot be perturbed: the failed first check is repeated with the weights
+    moved instead (a ReLU model's kink flips are weight-specific too), and it passes there."""
+    rec = _run(model=GPT, mode="test_wrong_at_first_weights")
+    assert rec.status == "ok", rec.correctness.detail
+    detail = rec.correctness.detail
+    assert "at perturbed weights: ok" in detail and "did not repeat" in detail, detail
+    assert "grad rel err" in detail
+
+
+def test_a_token_models_wrong_gradient_fails_at_moved_weights_too(fault_modes):
+    rec = _run(model=GPT, mode="test_corrupt_after_2")
+    assert rec.status == "mismatch"
+    assert "at perturbed weights" in rec.correctness.detail
+    assert "(failed again)" in rec.correctness.detail
+
+
+def test_moved_weights_move_every_float_parameter_a_little_and_deterministically():
+    import copy
+
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))
+    before = copy.deepcopy(model.state_dict())
+    twin = copy.deepcopy(model)
+    state = model_cell._moved_weights(model)
+    assert state.keys() == before.keys()
+    for k, v in state.items():           # moved by ~1e-3 of each value; a zero stays zero
+        nz = before[k] != 0
+        rel = ((v - before[k])[nz] / before[k][nz]).abs()
+        assert torch.equal(v[~nz], before[k][~nz]) and (rel.numel() == 0 or 0 < rel.max() < 1e-2), k
+    assert any((before[k] != 0).any() for k in before)
+    assert all(torch.equal(v, twin_v) for v, twin_v in
+               zip(state.values(), model_cell._moved_weights(twin).values()))
+
+
 def test_a_passing_check_is_not_repeated():
     rec = _run(mode="aot")
     assert rec.status == "ok" and "perturbed" not in rec.correctness.detail

@@ -159,16 +159,39 @@ def _repeat_failed(b: Built, step: Step, check: corr.Check, peak: int | None,
                    events: EventLog) -> corr.Check:
     """`check`, or where it failed, the same check repeated once on a slightly perturbed batch
     at the weights the mode has now (corr.rechecked says why; the record keeps both details and
-    an event says it happened). Not for token inputs (nothing to perturb) nor distributed runs
-    (every rank would have to repeat it)."""
-    again = None if check.passed or b.dist else b.inputs.perturbed()
-    if again is None:
+    an event says it happened). Token inputs have nothing to perturb: there the weights are
+    moved instead (_moved_weights) and put back after. Not for distributed runs (every rank
+    would have to repeat it)."""
+    if check.passed or b.dist:
         return check
+    again = b.inputs.perturbed()
     state = copy.deepcopy(b.model.state_dict())
-    got = dataclasses.replace(step, inputs=again.args).run(update=False, seed=CHECK_SEED)
-    out = corr.rechecked(check, b.ref.check(check.at, got, state, peak, inputs=again))
+    if again is not None:
+        got = dataclasses.replace(step, inputs=again.args).run(update=False, seed=CHECK_SEED)
+        out = corr.rechecked(check, b.ref.check(check.at, got, state, peak, inputs=again))
+    else:
+        try:
+            moved = _moved_weights(b.model)
+            got = step.run(update=False, seed=CHECK_SEED)
+            out = corr.rechecked(check, b.ref.check(check.at, got, moved, peak),
+                                 where="at perturbed weights")
+        finally:
+            b.model.load_state_dict(state)
     events.add("check_repeated", "fusebench", out.detail)
     return out
+
+
+def _moved_weights(model, rel: float = 1e-3, seed: int = 0) -> dict:
+    """Every floating Parameter times (1 + rel x fixed noise), in place; the state after. Where
+    a value sits on an activation's kink by rounding, moving the weights moves every
+    pre-activation off it, as a perturbed batch does for image inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                noise = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
+                p.mul_(1 + rel * noise)
+    return copy.deepcopy(model.state_dict())
 
 
 def _warmup_and_time(step: Step, spec: CellSpec, phase: Reporter, around_timing: Callable,

@@ -122,16 +122,17 @@ def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, t
                  ref_dtype, tol_out, tol_grad)
 
 
-def rechecked(first: Check, second: Check) -> Check:
+def rechecked(first: Check, second: Check, where: str = "on a perturbed batch") -> Check:
     """A failed check and the same check repeated once on a slightly perturbed batch at the
-    same weights (cell/model_cell.py): the second decides. Why: where float32 rounding puts one
+    same weights, or for token inputs at slightly perturbed weights (cell/model_cell.py): the
+    second decides. Why: where float32 rounding puts one
     value on the other side of an activation's kink (hardswish's -3 / 3, ReLU6's 6, a
     hardsigmoid gate's -3 / 3) in the mode and not in eager, its derivative jumps there and one
     gradient is off by a percent or more on that batch only; a wrong kernel fails both. The
     detail keeps the first failure."""
     again = second.detail.split(": ", 1)[-1]
     verdict = ("the first failure did not repeat" if second.passed else "failed again")
-    return replace(second, detail=f"{first.detail}; on a perturbed batch: {again} ({verdict})")
+    return replace(second, detail=f"{first.detail}; {where}: {again} ({verdict})")
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -43,6 +43,25 @@ class CorruptAfterTwo(Mode):
 
 
 @register_mode
+class WrongAtItsFirstWeights(Mode):
+    """Scales the gradient into the model while its first Parameter holds the values it was
+    prepared with, whatever the inputs: a miss at one point of the weights, which a token
+    model's check (no batch to perturb) repeats at moved weights."""
+    name = "test_wrong_at_first_weights"
+
+    def prepare(self, model, example_inputs, options, events):
+        first = next(p for p in model.parameters() if p.requires_grad)
+        seen = first.detach().clone()
+
+        def fn(*args):
+            out = model(*args)
+            if out.requires_grad and torch.equal(first, seen):
+                out.register_hook(lambda g: g * 1.5)
+            return out
+        return fn
+
+
+@register_mode
 class OomAboveTwo(Mode):
     """Raises an out-of-memory error for batches above 2 (exercises the OOM retry)."""
     name = "test_oom"
