@@ -47,9 +47,9 @@ def _step(model, ids, labels):
         p.grad = None
 
 
-def variant(name: str, batch: int, rounds: int) -> None:
+def variant(name: str, batch: int, rounds: int, size: str = "bench") -> None:
     torch.manual_seed(0)
-    eager = torch_transformer.make(size="bench", **VARIANTS[name])
+    eager = torch_transformer.make(size=size, **VARIANTS[name])
     fused = copy.deepcopy(eager)
     sites = fuse(fused, "train").sites
     ids, = eager.example_inputs(batch, "cpu", torch.float32)
@@ -69,11 +69,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--size", default="bench", choices=sorted(torch_transformer.SIZES),
+                    help="the asset's size (tiny: a smoke run)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, batch {args.batch}; load {os.getloadavg()[0]:.2f}")
     for name in args.variants.split(","):
-        variant(name, args.batch, args.rounds)
+        variant(name, args.batch, args.rounds, args.size)
     print(f"load after {os.getloadavg()[0]:.2f}")
     return 0
 

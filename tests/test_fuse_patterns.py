@@ -130,12 +130,15 @@ ASSETS = {
                          "conv1x1": 4, "mlp": 1, "se_gate": 2, "se_project": 2}),
     # torch.nn's own transformer modules (a leaf each to fx): the encoder layers traced through
     # their training path, the decoder layers through their own forward; one mlp per layer
+    # their self-attentions without MultiheadAttention's copies (mha; the decoder's
+    # cross-attention is a reason)
     "torch_encoder": (torch_transformer.make, lambda: torch_inputs(torch_transformer.make),
-                      {"mlp": 2}),
+                      {"mlp": 2, "mha": 2}),
     "torch_encoder_post_relu": (TORCH_POST_RELU, lambda: torch_inputs(TORCH_POST_RELU),
-                                {"mlp": 2}),
+                                {"mlp": 2, "mha": 2}),
     "torch_seq2seq": (torch_transformer.make_seq2seq,
-                      lambda: torch_inputs(torch_transformer.make_seq2seq), {"mlp": 4}),
+                      lambda: torch_inputs(torch_transformer.make_seq2seq),
+                      {"mlp": 4, "mha": 4}),
 }
 FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engine, fx/residual
 # the MultiOpKernel name prefix each graph pattern's Function carries
@@ -146,7 +149,7 @@ SITE_NAME = {"se_gate": "fused_se"}
 
 
 # sites without a MultiOpFunction: counted by site calls (gn_act's nodes: test_fuse_gn_act)
-BY_CALLS = ("ln2d", "conv1x1", "rms_norm", "gn_act", "group_norm")
+BY_CALLS = ("ln2d", "conv1x1", "rms_norm", "gn_act", "group_norm", "mha")
 MODULE_RULES = ("dwconv", "silu_me")        # module swaps, not graph sites: no site calls
 
 
@@ -844,7 +847,7 @@ DIST_MODELS = {   # name -> (factory, input, sites)
     "tv_resnet": (lambda: tv_resnet.make().double(), lambda: image(), RESNET),
     # torch.nn's TransformerEncoderLayers, traced through a stand-in of their training path
     "torch_encoder": (torch_transformer.make, lambda: torch_inputs(torch_transformer.make)[0],
-                      {"mlp": 2})}
+                      {"mlp": 2, "mha": 2})}
 
 
 def _dist_rank(rank: int, init_file: str, out_dir: str, name: str) -> None:

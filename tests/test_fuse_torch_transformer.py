@@ -58,7 +58,7 @@ def test_encoder_layers_fuse_their_mlps_and_match_float64_eager(norm_first, acti
                        dropout=dropout)
     params = dict(model.named_parameters())
     result = fuse(model, "train")
-    assert dict(result.sites) == {"mlp": 2}, (result.sites, result.notes)
+    assert dict(result.sites) == {"mlp": 2, "mha": 2}, (result.sites, result.notes)
     assert all(params[n] is p for n, p in model.named_parameters())   # the user's own
     inputs = model.example_inputs(3, "cpu", torch.float64)    # a key-padding mask inside
     y = _assert_same_step(model, ref, inputs)
@@ -73,7 +73,8 @@ def test_seq2seq_decoder_layers_fuse_too_under_a_causal_mask(norm_first):
     (self-attention under tgt_mask / tgt_is_causal, cross-attention) traced as they are."""
     model, ref = _pair(torch_transformer.make_seq2seq, norm_first=norm_first, dropout=0.1)
     result = fuse(model, "train")
-    assert dict(result.sites) == {"mlp": 4}, (result.sites, result.notes)
+    assert dict(result.sites) == {"mlp": 4, "mha": 4}, (result.sites, result.notes)
+    assert any("mha: 2 candidate(s) not fused: cross-attention" in m for _, m in result.notes)
     y = _assert_same_step(model, ref, model.example_inputs(2, "cpu", torch.float64))
     assert len(_kernels(y)) == 4
 
@@ -101,7 +102,7 @@ def test_the_site_saves_less_than_eager_with_dropout_and_no_more_with_relu():
     for kw, less in ((dict(activation="gelu", dropout=0.1), True),
                      (dict(activation="relu", dropout=0.0), False)):
         model, ref = _pair(torch_transformer.make, **kw)
-        fuse(model, "train")
+        fuse(model, "train", only=["mlp"])              # the MLP sites' own saving
         inputs = model.example_inputs(4, "cpu", torch.float64)
         got, eager = saved(model, inputs), saved(ref, inputs)
         assert (got < eager) if less else (got == eager), (kw, got, eager)
@@ -147,3 +148,13 @@ def test_a_subclass_with_its_own_forward_is_not_read_as_torchs_layer():
     assert "mlp" not in result.sites
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     torch.testing.assert_close(model(x), ref(x))
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_at_a_tiny_size(capsys):
+    from tests.helpers import load_benchmark
+    bench = load_benchmark("torch_transformer")
+    assert bench.main(["--size", "tiny", "--batch", "2", "--rounds", "2", "--threads", "1",
+                       "--variants", "default,pre-gelu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sites {'mha': 2, 'mlp': 2}") == 2 and out.count("eager/fused") == 2, out
