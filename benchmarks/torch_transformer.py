@@ -4,12 +4,15 @@ vs fused mode, side by side in one process.
     python benchmarks/torch_transformer.py --threads 2          # ~2 min on the 2-vCPU VM
     python benchmarks/torch_transformer.py --threads 1 --rounds 12
 
-Model: tests/assets/torch_transformer.py at size "bench" (4 layers, width 256, MLP 1024, 128
-tokens, a key-padding mask), one variant per --variants entry (VARIANTS: pre- or post-norm,
-GELU or ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1).
-Each variant's eager and fused models (fusebench.fuse, one seed) take their steps (forward, cross-entropy,
-backward) alternately for --rounds rounds after a warm-up: the median per-round eager/fused
-ratio with a 95% bootstrap interval, and the bytes each saves for backward.
+First nn.MultiheadAttention alone (self-attention, key-padding mask) against the `mha`
+site's function on its Parameters, forward + backward. Then the model:
+tests/assets/torch_transformer.py at size "bench" (4 layers, width 256, MLP 1024, 128 tokens,
+a key-padding mask), one variant per --variants entry (VARIANTS: pre- or post-norm, GELU or
+ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1). Each
+variant's eager and fused models (fusebench.fuse, one seed) take their steps (forward,
+cross-entropy, backward) alternately for --rounds rounds after a warm-up: the median
+per-round eager/fused ratio with a 95% bootstrap interval, and the bytes each saves for
+backward.
 Measure on a quiet machine: the script prints the 1-minute load before and after."""
 from __future__ import annotations
 
@@ -39,6 +42,31 @@ VARIANTS = {"pre-gelu": dict(norm_first=True, activation="gelu"),
             # torch's defaults: post-norm, ReLU, dropout 0.1
             "default": dict(norm_first=False, activation="relu", dropout=0.1),
             "pre-gelu-drop": dict(norm_first=True, activation="gelu", dropout=0.1)}
+
+
+def attention(batch: int, rounds: int, size: str = "bench") -> None:
+    """nn.MultiheadAttention alone (self-attention, key-padding mask, dropout 0), forward +
+    backward, against the mha site's function on the same module's Parameters."""
+    from fusebench.fuse.fusions.fx_mha import self_attention
+    cfg = torch_transformer.SIZES[size]
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(cfg["dim"], cfg["heads"], batch_first=True)
+    x = torch.randn(batch, cfg["context"], cfg["dim"], requires_grad=True)
+    pad = torch_transformer.padding(torch.zeros(x.shape[:2], dtype=torch.long))
+    dy = torch.randn_like(x)
+
+    def eager():
+        mha(x, x, x, key_padding_mask=pad, need_weights=False)[0].backward(dy)
+
+    def site():
+        self_attention(x, mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight,
+                       mha.out_proj.bias, None, pad, False, cfg["heads"], 0.0, True
+                       ).backward(dy)
+    t = alternate({"eager": eager, "site": site}, rounds)
+    print(f"MultiheadAttention fwd+bwd {tuple(x.shape)}: eager "
+          f"{statistics.median(t['eager']) * 1e3:.2f} ms, mha site "
+          f"{statistics.median(t['site']) * 1e3:.2f} ms; eager/site "
+          f"{ratio_ci(t['eager'], t['site'])} over {rounds} rounds", flush=True)
 
 
 def _step(model, ids, labels):
@@ -74,6 +102,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, batch {args.batch}; load {os.getloadavg()[0]:.2f}")
+    attention(args.batch, 3 * args.rounds, args.size)
     for name in args.variants.split(","):
         variant(name, args.batch, args.rounds, args.size)
     print(f"load after {os.getloadavg()[0]:.2f}")

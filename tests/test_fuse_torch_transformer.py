@@ -158,3 +158,4 @@ def test_the_benchmark_runs_at_a_tiny_size(capsys):
                        "--variants", "default,pre-gelu"]) == 0
     out = capsys.readouterr().out
     assert out.count("sites {'mha': 2, 'mlp': 2}") == 2 and out.count("eager/fused") == 2, out
+    assert "MultiheadAttention fwd+bwd (2, 12, 32)" in out and "eager/site" in out

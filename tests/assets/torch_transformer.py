@@ -20,7 +20,7 @@ SIZES = {"tiny": dict(dim=32, heads=4, ff=64, layers=2, vocab=50, context=12),
          "bench": dict(dim=256, heads=4, ff=1024, layers=4, vocab=1000, context=128)}
 
 
-def _padding(ids: torch.Tensor) -> torch.Tensor:
+def padding(ids: torch.Tensor) -> torch.Tensor:
     """(B, T) bool, True where a token is padding: the last quarter of every odd sample."""
     b, t = ids.shape
     late = torch.arange(t, device=ids.device) >= t - t // 4          # (T,)
@@ -43,7 +43,7 @@ class TextClassifier(nn.Module):
 
     def forward(self, ids):                                   # (B, T) int64
         x = self.tokens(ids) + self.positions[:, : ids.shape[1]]   # (B, T, D)
-        pad = _padding(ids) if self.masked else None
+        pad = padding(ids) if self.masked else None
         x = self.encoder(x, src_key_padding_mask=pad)
         keep = (~pad).unsqueeze(-1).to(x.dtype) if pad is not None else torch.ones_like(x[..., :1])
         return self.head((x * keep).sum(1) / keep.sum(1))     # (B, classes)
