@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import operator
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -74,10 +73,6 @@ def self_attention(x, w_in, b_in, w_out, b_out, attn_mask, key_padding_mask, is_
     return y.transpose(0, 1) if batch_first else y
 
 
-def _const(v):
-    return not isinstance(v, torch.fx.Node)
-
-
 def _why_not(m: nn.MultiheadAttention) -> str | None:
     if not m._qkv_same_embed_dim:
         return "kdim / vdim other than embed_dim"
@@ -111,8 +106,6 @@ def mha(n, scope):
                            "path draws its dropout otherwise")
     attn_mask, kpm = N.arg(n, 5, "attn_mask"), N.arg(n, 3, "key_padding_mask")
     is_causal = N.arg(n, 7, "is_causal", False)
-    if not _const(N.arg(n, 6, "average_attn_weights", True)):
-        return Miss("mha", "average_attn_weights not a constant")
     heads, batch_first = m.num_heads, m.batch_first
     # a live dropout on the output draws its mask in memory order: lay it out as eager does
     eager_layout = any(N.op(u) == "dropout" and not N.identity_dropout(u, scope.ctx.bench)
