@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import copy
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
 
 from fusebench.fuse import fuse
 from fusebench.fuse.fx.pattern import Site
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import tv_vit  # noqa: E402
 
 B, T, E, H = 3, 7, 16, 4
 
@@ -99,13 +105,19 @@ def test_self_attention_matches_float64_eager(mask, batch_first, dropout, calls)
 
 @pytest.mark.parametrize("unpack", [False, True], ids=["[0]", "unpacked"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_spellings_and_no_bias(unpack, bias, calls):
+def test_spellings_and_no_bias(unpack, bias, calls, monkeypatch):
+    """`out, _ = attn(...)` leaves an unused getitem on the module's call: the site erases it
+    too, so MultiheadAttention itself no longer runs (it did, and drew dropout twice)."""
     torch.manual_seed(0)
-    model = Attend(unpack=unpack, bias=bias).double().train()
+    model = Attend(unpack=unpack, bias=bias, dropout=0.2).double().train()
     ref = copy.deepcopy(model)
     assert dict(fuse(model, "train").sites) == {"mha": 1}
+    ran = []
+    real = nn.MultiheadAttention.forward
+    monkeypatch.setattr(nn.MultiheadAttention, "forward",
+                        lambda self, *a, **k: ran.append(self) or real(self, *a, **k))
     _same(model, ref, _x(), _masks("padding"))
-    assert calls["fused_mha"] == 1
+    assert calls["fused_mha"] == 1 and ran == [ref.attn]
 
 
 def test_need_weights_without_dropout_fuses_the_same_output(calls):
@@ -171,3 +183,23 @@ def test_eval_is_left_to_multihead_attention():
     """Its fast path in eval is one native op: the infer bench has no mha pattern."""
     result = fuse(Attend().eval(), "infer")
     assert "mha" not in result.sites and not any("mha" in m for _, m in result.notes)
+
+
+def test_torchvision_vit_with_dropout_everywhere_matches_seeded_eager(calls):
+    """torchvision's ViT layout with attention dropout and MLP dropout: both sites per block,
+    the same draws from one seed (the unpacked attention output used to leave
+    MultiheadAttention running beside the site, drawing its dropout twice)."""
+    torch.manual_seed(0)
+    model = tv_vit.make(dropout=0.1, attention_dropout=0.1).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mha": 2, "mlp": 2}
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for m in (model, ref):
+        torch.manual_seed(3)
+        outs.append(m(x))
+        outs[-1].square().mean().backward()
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-10, rtol=1e-10)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-10, rtol=1e-10)
+    assert calls["fused_mha"] == 2

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
                     llama,
                     nano_gpt, timm_efficientnet, torch_transformer, tv_efficientnet,
-                    tv_mobilenet, tv_resnet)
+                    tv_mobilenet, tv_resnet, tv_vit)
 
 LN2D_NODES = {"GeneratedBackwardFor_fusebench_ln2d_cpu_forward_defaultBackward",
               "LN2dFunctionBackward", "LN2dTritonFunctionBackward",
@@ -136,6 +136,8 @@ ASSETS = {
                       {"mlp": 2, "mha": 2}),
     "torch_encoder_post_relu": (TORCH_POST_RELU, lambda: torch_inputs(TORCH_POST_RELU),
                                 {"mlp": 2, "mha": 2}),
+    # torchvision's ViT: `x, _ = self_attention(...)` (mha), MLPBlock's Sequential (mlp)
+    "tv_vit": (tv_vit.make, lambda: (image(),), {"mha": 2, "mlp": 2}),
     "torch_seq2seq": (torch_transformer.make_seq2seq,
                       lambda: torch_inputs(torch_transformer.make_seq2seq),
                       {"mlp": 4, "mha": 4}),
@@ -733,7 +735,7 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
                "tv_resnet_basic": {"conv_bn_fold": 11, "conv_bn_fold_seq": 3},
                # in eval the encoder layers are left to torch's one-op fast path (a note);
                # the decoder layers have none: their MLPs fuse
-               "torch_encoder": {}, "torch_encoder_post_relu": {},
+               "torch_encoder": {}, "torch_encoder_post_relu": {}, "tv_vit": {"mlp": 2},
                "torch_seq2seq": {"mlp": 2}}
 
 

@@ -117,4 +117,5 @@ def mha(n, scope):
             m.out_proj.bias is not None and Attr(f"{path}.out_proj.bias") or None)
     args = (q, Attr(f"{path}.in_proj_weight"), bias[0], Attr(f"{path}.out_proj.weight"),
             bias[1], attn_mask, kpm, is_causal)
-    return Hit("mha", firsts[0], site, args, (n,))
+    # the unused getitems too (`out, _ = attn(...)`): else they keep the module's call alive
+    return Hit("mha", firsts[0], site, args, (n, *(u for u in items if u is not firsts[0])))
