@@ -8,7 +8,8 @@ First nn.MultiheadAttention alone (self-attention, key-padding mask) against the
 site's function on its Parameters, forward + backward. Then the model:
 tests/assets/torch_transformer.py at size "bench" (4 layers, width 256, MLP 1024, 128 tokens,
 a key-padding mask), one variant per --variants entry (VARIANTS: pre- or post-norm, GELU or
-ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1). Each
+ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1; `vit`:
+tests/assets/tv_vit.py, torchvision's ViT layout, 160 px images, 101 tokens, width 256). Each
 variant's eager and fused models (fusebench.fuse, one seed) take their steps (forward,
 cross-entropy, backward) alternately for --rounds rounds after a warm-up: the median
 per-round eager/fused ratio with a 95% bootstrap interval, and the bytes each saves for
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from assets import torch_transformer  # noqa: E402
+from assets import torch_transformer, tv_vit  # noqa: E402
 from paired_rounds import alternate, ratio_ci, saved_bytes  # noqa: E402
 
 from fusebench.fuse import fuse  # noqa: E402
@@ -41,7 +42,9 @@ VARIANTS = {"pre-gelu": dict(norm_first=True, activation="gelu"),
             "post-relu": dict(norm_first=False, activation="relu"),
             # torch's defaults: post-norm, ReLU, dropout 0.1
             "default": dict(norm_first=False, activation="relu", dropout=0.1),
-            "pre-gelu-drop": dict(norm_first=True, activation="gelu", dropout=0.1)}
+            "pre-gelu-drop": dict(norm_first=True, activation="gelu", dropout=0.1),
+            # torchvision's ViT layout (tests/assets/tv_vit.py), images in
+            "vit": dict(vit=True)}
 
 
 def attention(batch: int, rounds: int, size: str = "bench") -> None:
@@ -69,22 +72,24 @@ def attention(batch: int, rounds: int, size: str = "bench") -> None:
           f"{ratio_ci(t['eager'], t['site'])} over {rounds} rounds", flush=True)
 
 
-def _step(model, ids, labels):
-    F.cross_entropy(model(ids), labels).backward()
+def _step(model, x, labels):
+    F.cross_entropy(model(x), labels).backward()
     for p in model.parameters():
         p.grad = None
 
 
 def variant(name: str, batch: int, rounds: int, size: str = "bench") -> None:
     torch.manual_seed(0)
-    eager = torch_transformer.make(size=size, **VARIANTS[name])
+    kw = dict(VARIANTS[name])
+    eager = tv_vit.make(size=size) if kw.pop("vit", False) else \
+        torch_transformer.make(size=size, **kw)
     fused = copy.deepcopy(eager)
     sites = fuse(fused, "train").sites
-    ids, = eager.example_inputs(batch, "cpu", torch.float32)
+    x, = eager.example_inputs(batch, "cpu", torch.float32)   # token ids, or images (vit)
     labels = torch.randint(0, 10, (batch,))
-    t = alternate({m: (lambda m=m: _step(m, ids, labels)) for m in (eager, fused)}, rounds)
+    t = alternate({m: (lambda m=m: _step(m, x, labels)) for m in (eager, fused)}, rounds)
     te, tf = t[eager], t[fused]
-    be, bf = saved_bytes(eager, ids), saved_bytes(fused, ids)
+    be, bf = saved_bytes(eager, x), saved_bytes(fused, x)
     print(f"{name} (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
           f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {ratio_ci(te, tf)} over {rounds} "
           f"rounds; saved for backward {be / 2**20:.1f} vs {bf / 2**20:.1f} MiB "

@@ -155,7 +155,7 @@ def test_the_benchmark_runs_at_a_tiny_size(capsys):
     from tests.helpers import load_benchmark
     bench = load_benchmark("torch_transformer")
     assert bench.main(["--size", "tiny", "--batch", "2", "--rounds", "2", "--threads", "1",
-                       "--variants", "default,pre-gelu"]) == 0
+                       "--variants", "default,pre-gelu,vit"]) == 0
     out = capsys.readouterr().out
-    assert out.count("sites {'mha': 2, 'mlp': 2}") == 2 and out.count("eager/fused") == 2, out
+    assert out.count("sites {'mha': 2, 'mlp': 2}") == 3 and out.count("eager/fused") == 3, out
     assert "MultiheadAttention fwd+bwd (2, 12, 32)" in out and "eager/site" in out

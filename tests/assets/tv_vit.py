@@ -2,13 +2,15 @@
 token, learned positions, encoder blocks of `ln_1 -> nn.MultiheadAttention (unpacked as
 `x, _ = attn(x, x, x, need_weights=False)`) -> dropout -> + input`, then `ln_2 -> MLPBlock
 (Linear, GELU, Dropout, Linear, Dropout: an nn.Sequential) -> + input`, a final LayerNorm and a
-linear head on the class token. `size="tiny"` for tests."""
+linear head on the class token. `size="tiny"` for tests, "bench" for
+benchmarks/torch_transformer.py (160 px, 16 px patches: 101 tokens, 4 layers, width 256)."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-SIZES = {"tiny": dict(image=32, patch=8, layers=2, heads=4, dim=32, mlp=64)}
+SIZES = {"tiny": dict(image=32, patch=8, layers=2, heads=4, dim=32, mlp=64),
+         "bench": dict(image=160, patch=16, layers=4, heads=4, dim=256, mlp=1024)}
 
 
 class MLPBlock(nn.Sequential):
@@ -39,7 +41,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, image, patch, layers, heads, dim, mlp, classes=10, dropout=0.0,
                  attention_dropout=0.0):
         super().__init__()
-        self.patch = patch
+        self.patch, self.image = patch, image
         self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
         seq = (image // patch) ** 2 + 1
@@ -55,6 +57,9 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self.pos_embedding
         x = self.ln(self.layers(x))
         return self.head(x[:, 0])
+
+    def example_inputs(self, batch_size: int, device, dtype):
+        return (torch.randn(batch_size, 3, self.image, self.image, device=device, dtype=dtype),)
 
 
 def make(size="tiny", dropout=0.0, attention_dropout=0.0):
