@@ -18,7 +18,8 @@ class Fused(Mode):
     name = "fused"
     description = ("fusebench op fuser (matches what the code computes, via torch.fx): LN2d "
                    "kernel, BN+act, GroupNorm+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv "
-                   "backward, RMSNorm, gated MLP; "
+                   "backward, RMSNorm, gated MLP, self-attention without MultiheadAttention's "
+                   "copies; "
                    "conv+BN folding for inference")
 
     options = (
