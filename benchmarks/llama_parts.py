@@ -20,7 +20,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,19 +30,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import llama  # noqa: E402
-from paired_rounds import ratio_ci  # noqa: E402
+from paired_rounds import alternate, ratio_ci, saved_bytes, timed  # noqa: E402
 
 from fusebench.fuse import fuse  # noqa: E402
 from fusebench.kernels import get_impl  # noqa: E402
-from fusebench.measure.memory import SavedTensorBytes  # noqa: E402
 
 TOKENS, WIDTH, HIDDEN = (8, 256), 256, 688
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def kernels(reps: int) -> None:
@@ -60,7 +52,7 @@ def kernels(reps: int) -> None:
         times = {n: [] for n in impls}
         for _ in range(3 + reps):
             for n, f in fns.items():                      # interleaved: drift hits all alike
-                times[n].append(_timed(lambda: call(f).backward(dy)))
+                times[n].append(timed(lambda: call(f).backward(dy)))
         med = {n: statistics.median(t[3:]) * 1e3 for n, t in times.items()}
         row = ", ".join(f"{n} {m:.3f} ms ({med['eager'] / m:.2f}x)" for n, m in med.items())
         print(f"{family} fwd+bwd {tuple(dy.shape)}: {row}")
@@ -93,7 +85,7 @@ def mlps(reps: int) -> None:
         times = {"eager": [], "fused": []}
         for _ in range(3 + reps):
             for k, m in (("eager", eager), ("fused", fused)):
-                times[k].append(_timed(lambda: m(x).backward(dy)))
+                times[k].append(timed(lambda: m(x).backward(dy)))
         e, f = (statistics.median(t[3:]) * 1e3 for t in times.values())
         print(f"gated MLP fwd+bwd, {name}: eager {e:.2f} ms, fused {f:.2f} ms ({e / f:.2f}x)")
 
@@ -105,28 +97,16 @@ def _step(model, idx):
         p.grad = None
 
 
-def _saved_bytes(model, idx) -> int:
-    counter = SavedTensorBytes(exclude=list(model.parameters()))
-    with counter.track():
-        out = model(idx)
-    del out
-    return counter.bytes
-
-
 def step(rounds: int) -> None:
     torch.manual_seed(0)
     eager = llama.make(size="bench")
     fused = copy.deepcopy(eager)
     sites = fuse(fused, "train").sites
     idx = torch.randint(0, eager.vocab, (TOKENS[0], eager.context))
-    for _ in range(3):
-        _step(eager, idx)
-        _step(fused, idx)
-    te, tf = [], []
-    for _ in range(rounds):
-        te.append(_timed(lambda: _step(eager, idx)))
-        tf.append(_timed(lambda: _step(fused, idx)))
-    be, bf = _saved_bytes(eager, idx), _saved_bytes(fused, idx)
+    t = alternate({"eager": lambda: _step(eager, idx), "fused": lambda: _step(fused, idx)},
+                  rounds)
+    te, tf = t["eager"], t["fused"]
+    be, bf = saved_bytes(eager, idx), saved_bytes(fused, idx)
     print(f"step (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
           f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {ratio_ci(te, tf)} over {rounds} "
           f"rounds; saved for backward {be / 2**20:.1f} vs {bf / 2**20:.1f} MiB "

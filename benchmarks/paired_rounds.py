@@ -36,10 +36,11 @@ def alternate(steps: dict, rounds: int, warmup: int = 3) -> dict:
     return times
 
 
-def saved_bytes(model, *inputs) -> int:
-    """Bytes autograd saves for backward in one forward of model (its Parameters left out)."""
+def saved_bytes(model, *inputs, params=None) -> int:
+    """Bytes autograd saves for backward in one forward of model, its Parameters (or `params`:
+    a wrapper's model's) left out."""
     from fusebench.measure.memory import SavedTensorBytes
-    counter = SavedTensorBytes(exclude=list(model.parameters()))
+    counter = SavedTensorBytes(exclude=list(model.parameters() if params is None else params))
     with counter.track():
         out = model(*inputs)
     del out

@@ -24,7 +24,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import tv_resnet  # noqa: E402
-from paired_rounds import ratio_ci  # noqa: E402
+from paired_rounds import ratio_ci, saved_bytes, timed  # noqa: E402
 
 from fusebench.fuse import GRAPH_ORDER, ORDER, fuse  # noqa: E402
 from fusebench.fuse.binding import resolve_bn_act  # noqa: E402
@@ -44,16 +43,9 @@ from fusebench.fuse.fusions.bn_silu import train_bn_act  # noqa: E402
 from fusebench.fuse.fusions.bn_train import IDENTITY  # noqa: E402
 from fusebench.fuse.fx.acts import pure_act  # noqa: E402
 from fusebench.fuse.layout import ChannelsLastInside  # noqa: E402
-from fusebench.measure.memory import SavedTensorBytes  # noqa: E402
 
 SHAPES = ((8, 256, 40, 40), (8, 512, 20, 20), (8, 1024, 10, 10), (8, 2048, 5, 5))
 LAYOUTS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def _variants(impl):
@@ -79,7 +71,7 @@ def kernels(reps: int) -> None:
             times = {n: [] for n in fns}
             for _ in range(3 + reps):
                 for n, f in fns.items():                  # interleaved: drift hits all alike
-                    times[n].append(_timed(lambda: f(bn, c, r).backward(dy)))
+                    times[n].append(timed(lambda: f(bn, c, r).backward(dy)))
             med = {n: statistics.median(t[3:]) * 1e3 for n, t in times.items()}
             row = "; ".join(f"{n} {m:.3f} ms ({med['aten'] / m:.2f}x)" for n, m in med.items())
             print(f"BN + add + ReLU fwd+bwd {shape} {layout}: {row}")
@@ -93,14 +85,6 @@ def _step(model, x, target):
 
 def _module(m):
     return m.fn if isinstance(m, ChannelsLastInside) else m
-
-
-def _saved_bytes(model, x) -> int:
-    counter = SavedTensorBytes(exclude=list(_module(model).parameters()))
-    with counter.track():
-        out = model(x)
-    del out
-    return counter.bytes
 
 
 def step(depth: str, rounds: int, batch: int, img: int) -> None:
@@ -125,8 +109,9 @@ def step(depth: str, rounds: int, batch: int, img: int) -> None:
         names = list(runs)
         for i in range(rounds):
             for k in names[i % 3:] + names[:i % 3]:   # rotated: drift hits all three alike
-                times[k].append(_timed(lambda: _step(runs[k], x, target)))
-        saved = {k: _saved_bytes(m, x) / 2**20 for k, m in runs.items()}
+                times[k].append(timed(lambda: _step(runs[k], x, target)))
+        saved = {k: saved_bytes(m, x, params=_module(m).parameters()) / 2**20
+                 for k, m in runs.items()}
         print(f"step resnet{depth} {layout} b{batch} {img}px (sites {dict(sites)}); eager "
               f"{statistics.median(times['eager']) * 1e3:.1f} ms, saved for backward "
               f"{saved['eager']:.1f} MiB")

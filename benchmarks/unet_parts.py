@@ -23,7 +23,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,23 +32,16 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import diffusion_unet  # noqa: E402
-from paired_rounds import ratio_ci  # noqa: E402
+from paired_rounds import alternate, ratio_ci, saved_bytes, timed  # noqa: E402
 
 from fusebench.fuse import fuse  # noqa: E402
 from fusebench.fuse.layout import ChannelsLastInside  # noqa: E402
 from fusebench.kernels import get_impl  # noqa: E402
-from fusebench.measure.memory import SavedTensorBytes  # noqa: E402
 
 SHAPES = ((8, 64, 32, 32), (8, 128, 32, 32), (8, 128, 16, 16), (8, 256, 8, 8),
           (2, 320, 64, 64), (2, 640, 32, 32))
 GROUPS, EPS = 32, 1e-6
 LAYOUTS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def kernels(reps: int) -> None:
@@ -64,7 +56,7 @@ def kernels(reps: int) -> None:
             times = {n: [] for n in impls}
             for _ in range(3 + reps):
                 for n, f in fns.items():                  # interleaved: drift hits all alike
-                    times[n].append(_timed(lambda: f(x, w, b, GROUPS, EPS).backward(dy)))
+                    times[n].append(timed(lambda: f(x, w, b, GROUPS, EPS).backward(dy)))
             med = {n: statistics.median(t[3:]) * 1e3 for n, t in times.items()}
             row = ", ".join(f"{n} {m:.3f} ms ({med['aten'] / m:.2f}x)" for n, m in med.items())
             print(f"gn_act fwd+bwd {shape} {layout}: {row}")
@@ -80,14 +72,6 @@ def _module(m):
     return m.fn if isinstance(m, ChannelsLastInside) else m
 
 
-def _saved_bytes(model, x, t) -> int:
-    counter = SavedTensorBytes(exclude=list(model.parameters()))
-    with counter.track():
-        out = model(x, t)
-    del out
-    return counter.bytes
-
-
 def step(rounds: int, batch: int) -> None:
     for layout, fmt in LAYOUTS.items():
         torch.manual_seed(0)
@@ -97,18 +81,13 @@ def step(rounds: int, batch: int) -> None:
         x, t = eager.example_inputs(batch, "cpu", torch.float32)
         x = x.contiguous(memory_format=fmt)
         target = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
-        for _ in range(3):
-            _step(eager, x, t, target)
-            _step(fused, x, t, target)
         # NCHW input: also the fused model run channels-last inside (fused_layout's choice)
         runs = {"eager": eager, "fused": fused}
         if layout == "nchw":
             runs["fused, channels-last inside"] = ChannelsLastInside(fused)
-        times = {k: [] for k in runs}
-        for _ in range(rounds):
-            for k, m in runs.items():
-                times[k].append(_timed(lambda: _step(m, x, t, target)))
-        be, bf = _saved_bytes(eager, x, t), _saved_bytes(fused, x, t)
+        times = alternate({k: (lambda m=m: _step(m, x, t, target)) for k, m in runs.items()},
+                          rounds)
+        be, bf = saved_bytes(eager, x, t), saved_bytes(fused, x, t)
         print(f"step {layout} b{batch} (sites {dict(sites)}); saved for backward "
               f"{be / 2**20:.1f} vs {bf / 2**20:.1f} MiB ({bf / be:.2f}x); eager "
               f"{statistics.median(times['eager']) * 1e3:.1f} ms")

@@ -55,6 +55,22 @@ def assert_matches_eager(model, ref, inputs, tol=1e-9, call=None):
     return y
 
 
+def random_running_stats(model, freeze: bool = False):
+    """Every BatchNorm2d's running statistics set to values far from init (mean in
+    [-0.5, 0.5], var in [0.5, 1.5]); freeze: those BNs in eval mode (frozen statistics inside
+    a training run, as a fine-tuned backbone has). Returns model."""
+    import torch
+    import torch.nn as nn
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                if freeze:
+                    m.eval()
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py imported as the module `<name>_bench` (benchmarks are scripts, not a
     package; registered in sys.modules because dataclasses look their module up there)."""

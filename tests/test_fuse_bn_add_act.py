@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fusebench.fuse import fuse, recompute
 from fusebench.kernels.bn_act import cpu as bn_act_cpu
-from tests.helpers import assert_matches_eager, autograd_nodes
+from tests.helpers import assert_matches_eager, autograd_nodes, random_running_stats
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import tv_resnet  # noqa: E402
@@ -134,12 +134,7 @@ def test_a_resnet_runs_every_block_end_in_the_kernel(kernel_calls):
 def test_frozen_statistics_add_the_residual_to_the_running_affine():
     """BNs in eval mode inside a training run (a fine-tuned detection backbone): the site runs
     act(x * scale + shift + r) with the running statistics, which it leaves untouched."""
-    model = _build(tv_resnet.make)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.eval()
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
+    model = random_running_stats(_build(tv_resnet.make), freeze=True)
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["bn_add_act"] == 5
     y = assert_matches_eager(model, ref, (_x(shape=(2, 3, 32, 32)),))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from fusebench.fuse import fuse
 from fusebench.measure.events import EventLog
 from fusebench.modes import get_mode
-from tests.helpers import assert_matches_eager, autograd_nodes
+from tests.helpers import assert_matches_eager, autograd_nodes, random_running_stats
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
@@ -587,12 +587,7 @@ def test_mobilenet_v3_se_runs_the_hard_gate(site_calls):
 def test_frozen_batchnorm_and_a_flipped_training_flag():
     """BN in eval mode inside a training run fuses too (running statistics); a model switched
     to eval after fusing runs its own forward (fx specialised the training branches)."""
-    model = build(tv_efficientnet.make).train()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.eval()
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
+    model = random_running_stats(build(tv_efficientnet.make).train(), freeze=True)
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["bn_act"] == 9
     y = assert_matches_eager(model, ref, (image(),))
@@ -742,11 +737,7 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2
 @pytest.mark.parametrize("name", sorted(ASSETS))
 def test_asset_infer_fuses_a_copy_that_matches_eager(name):
     factory, inputs, _ = ASSETS[name]
-    model = build(factory).eval()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
+    model = random_running_stats(build(factory).eval())
     state = copy.deepcopy(model.state_dict())
     result = fuse(model, "infer")
     assert dict(result.sites) == INFER_SITES[name], result.sites

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from fusebench.fuse import gemm
 from fusebench.fuse.binding import Pure
