@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,23 @@ def all_fault_modes(monkeypatch) -> None:
     """fault_modes plus the compile-time and repro faults of tests/assets/more_faults.py."""
     from tests.helpers import ALL_FAULT_PLUGINS
     _load_plugins(monkeypatch, ALL_FAULT_PLUGINS)
+
+
+@pytest.fixture
+def site_calls(monkeypatch):
+    """Calls of each fused graph site (Site.__call__, by its name), counted; and any warning
+    (a site that ran aten instead says so) fails the test."""
+    from fusebench.fuse.fx.pattern import Site
+    calls: Counter = Counter()
+    real = Site.__call__
+
+    def counted(self, *args):
+        calls[self.__name__] += 1
+        return real(self, *args)
+    monkeypatch.setattr(Site, "__call__", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # a measured choice, said once per shape (passes_for is cached): whether it shows up
+        # here depended on which test saw the shape first
+        warnings.filterwarnings("ignore", message="dwconv: aten's depthwise conv kept")
+        yield calls

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import math
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -86,8 +85,9 @@ RESNET = {"bn_act": 11, "bn_add_act": 5, "bn_train": 4, "conv1x1": 11}
 ASSETS = {
     "convnext_official": (convnext_official.make, lambda: (image(),),
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
-    "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2}),
-    "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2}),
+    # the causal attention written out (a sliced mask buffer: traced with buffers as values)
+    "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2, "attention": 2}),
+    "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2, "attention": 2}),
     # Conv1D: addmm on a weight stored (in, out), between two views
     "hf_gpt2": (hf_gpt2.make, tokens, {"mlp": 2}),
     # RMSNorm written out (HF: casts to float32 and back; Meta: .float() / .type_as) or
@@ -151,7 +151,7 @@ SITE_NAME = {"se_gate": "fused_se"}
 
 
 # sites without a MultiOpFunction: counted by site calls (gn_act's nodes: test_fuse_gn_act)
-BY_CALLS = ("ln2d", "conv1x1", "rms_norm", "gn_act", "group_norm", "mha")
+BY_CALLS = ("ln2d", "conv1x1", "rms_norm", "gn_act", "group_norm", "mha", "attention")
 MODULE_RULES = ("dwconv", "silu_me")        # module swaps, not graph sites: no site calls
 
 
@@ -174,26 +174,6 @@ def ran(y: torch.Tensor) -> Counter:
         out["dwconv"] += name == "DwConvCpuFunctionBackward"
         out["silu_me"] += name == "SiLUFunctionBackward"
     return +out
-
-
-@pytest.fixture
-def site_calls(monkeypatch):
-    """Calls of each fused graph site (Site.__call__, by its name), counted; and any warning
-    (a site that ran aten instead says so) fails the test."""
-    from fusebench.fuse.fx.pattern import Site
-    calls: Counter = Counter()
-    real = Site.__call__
-
-    def counted(self, *args):
-        calls[self.__name__] += 1
-        return real(self, *args)
-    monkeypatch.setattr(Site, "__call__", counted)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        # a measured choice, said once per shape (passes_for is cached): whether it shows up
-        # here depended on which test saw the shape first
-        warnings.filterwarnings("ignore", message="dwconv: aten's depthwise conv kept")
-        yield calls
 
 
 def build(factory, **kw) -> nn.Module:
@@ -306,17 +286,31 @@ def test_ln2d_site_on_channels_last_x_runs_the_kernel(cls, site_calls):
     assert {type(n).__name__ for n in autograd_nodes(y)} & LN2D_NODES
 
 
+class ValueBranch(nn.Module):
+    """Branches on a tensor's value: fx cannot trace it (the module it wraps still can)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) if bool(x.abs().sum() > 0) else x
+
+
 def test_events_say_what_did_not_fuse_and_where_tracing_failed():
     events = EventLog()
     model = build(nano_gpt.make).float()
+    model.transformer.h[0].attn = ValueBranch(model.transformer.h[0].attn)
     get_mode("fused").prepare(model, tokens(), {"bench": "train"}, events)
     msgs = {e.category: [] for e in events.events()}
     for e in events.events():
         msgs[e.category].append(e.message)
     assert "mlp: 2 sites" in msgs["fusion"]
-    # the attention splits a traced value: its trace fails, the rest of the model still fuses
-    assert any("transformer.h.0.attn" in m and "failed" in m for m in msgs["fx_fallback"])
-    assert any(m.startswith("ln_linear: 3 candidate(s) not fused: off by default")
+    # that module's trace fails and says so; the attention inside it is traced on its own
+    assert any("transformer.h.0.attn (ValueBranch) failed" in m for m in msgs["fx_fallback"])
+    assert "attention: 2 sites" in msgs["fusion"], msgs["fusion"]
+    # ln_2 -> c_fc twice, ln_f -> lm_head, ln_1 -> c_attn in the block whose attention traced
+    assert any(m.startswith("ln_linear: 4 candidate(s) not fused: off by default")
                for m in msgs["not_fused"]), msgs["not_fused"]
 
 
@@ -343,8 +337,9 @@ def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
     events = EventLog()
     get_mode("fused").prepare(model, tokens(), {"bench": "train", "fused_ln_linear": True},
                               events)
+    # ln_1 -> c_attn too: the attention's `x.size()` of the normed x asks ln_1's input
     assert {e.message for e in events.events() if e.category == "fusion"} == {
-        "mlp: 2 sites", "ln_linear: 3 sites"}
+        "mlp: 2 sites", "ln_linear: 5 sites", "attention: 2 sites"}
     fuse(plain, "train")
     assert saved_bytes(model, tokens()) < saved_bytes(plain, tokens())
     for _ in range(2):
@@ -354,8 +349,8 @@ def test_ln_linear_on_request_saves_the_normalised_tensor(factory, site_calls):
         y = assert_matches_eager(model, ref, tokens())
     kernels = Counter(n.kernel.name.split("[")[0] for n in autograd_nodes(y)
                       if type(n).__name__ in FUSED_NODES)
-    assert kernels == {"ln_linear": 3, "mlp": 2} and site_calls == {"fused_mlp": 2,
-                                                                   "fused_ln_linear": 1}
+    assert kernels == {"ln_linear": 5, "mlp": 2} and site_calls == {
+        "fused_mlp": 2, "fused_ln_linear": 3, "fused_attention": 2}
     residual = [n for n in autograd_nodes(y) if type(n).__name__ == "ResidualOpFunctionBackward"]
     assert len(residual) == 2                     # each block's `x + mlp(...)` add is folded
 
@@ -710,9 +705,10 @@ def test_parameters_are_read_at_call_time():
     assert copied(x).shape == (2, 10)                            # a deep copy still runs
 
 
-INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5}, "nano_gpt": {"mlp": 2},
+INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
+               **dict.fromkeys(("nano_gpt", "nano_gpt_new_gelu"), {"mlp": 2, "attention": 2}),
                **dict.fromkeys(("llama_hf", "llama_meta", "llama_torch_rmsnorm"), LLAMA),
-               "nano_gpt_new_gelu": {"mlp": 2}, "hf_gpt2": {"mlp": 2},
+               "hf_gpt2": {"mlp": 2},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),

@@ -19,7 +19,7 @@ class Fused(Mode):
     description = ("fusebench op fuser (matches what the code computes, via torch.fx): LN2d "
                    "kernel, BN+act, GroupNorm+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv "
                    "backward, RMSNorm, gated MLP, self-attention without MultiheadAttention's "
-                   "copies; "
+                   "copies, written-out attention as one SDPA call; "
                    "conv+BN folding for inference")
 
     options = (

@@ -4,7 +4,8 @@ with one c_attn projection split into q, k, v (the split of a traced value is wh
 torch.fx at the attention), an MLP c_fc -> GELU -> c_proj -> dropout, pre-norm blocks with
 residual adds, token + position embeddings, a final norm and an lm_head tied to the token
 embedding. Input: int64 token ids (B, T); output: logits (B, T, vocab). `make_new_gelu()`:
-the MLP's activation is nanoGPT's NewGELU module, the tanh GELU written out by hand."""
+the MLP's activation is nanoGPT's NewGELU module, the tanh GELU written out by hand.
+`make(size="bench")`: 4 layers, width 256, 4 heads, 256 tokens (benchmarks/gpt_attention.py)."""
 import math
 
 import torch
@@ -12,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB, CONTEXT = 50, 16
+SIZES = {"tiny": dict(layers=2, dim=32, heads=4, context=CONTEXT),
+         "bench": dict(layers=4, dim=256, heads=4, context=256)}
 
 
 class LayerNorm(nn.Module):
@@ -25,13 +28,13 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, bias: bool):
+    def __init__(self, dim: int, heads: int, bias: bool, context: int = CONTEXT):
         super().__init__()
         self.c_attn = nn.Linear(dim, 3 * dim, bias=bias)
         self.c_proj = nn.Linear(dim, dim, bias=bias)
         self.heads, self.dim = heads, dim
-        self.register_buffer("causal", torch.tril(torch.ones(CONTEXT, CONTEXT))
-                             .view(1, 1, CONTEXT, CONTEXT))
+        self.register_buffer("causal", torch.tril(torch.ones(context, context))
+                             .view(1, 1, context, context))
 
     def forward(self, x):
         b, t, c = x.size()
@@ -64,10 +67,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, bias: bool, new_gelu: bool = False):
+    def __init__(self, dim: int, heads: int, bias: bool, new_gelu: bool = False,
+                 context: int = CONTEXT):
         super().__init__()
         self.ln_1 = LayerNorm(dim, bias)
-        self.attn = CausalSelfAttention(dim, heads, bias)
+        self.attn = CausalSelfAttention(dim, heads, bias, context)
         self.ln_2 = LayerNorm(dim, bias)
         self.mlp = MLP(dim, bias, new_gelu=new_gelu)
 
@@ -78,11 +82,12 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, layers: int = 2, dim: int = 32, heads: int = 4, bias: bool = True,
-                 new_gelu: bool = False):
+                 new_gelu: bool = False, context: int = CONTEXT):
         super().__init__()
+        self.context = context
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(VOCAB, dim), wpe=nn.Embedding(CONTEXT, dim),
-            h=nn.ModuleList([Block(dim, heads, bias, new_gelu) for _ in range(layers)]),
+            wte=nn.Embedding(VOCAB, dim), wpe=nn.Embedding(context, dim),
+            h=nn.ModuleList([Block(dim, heads, bias, new_gelu, context) for _ in range(layers)]),
             ln_f=LayerNorm(dim, bias)))
         self.lm_head = nn.Linear(dim, VOCAB, bias=False)
         self.transformer.wte.weight = self.lm_head.weight      # weight tying
@@ -95,14 +100,13 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
 
-    @staticmethod
-    def example_inputs(batch_size: int, device, dtype):
-        return (torch.randint(0, VOCAB, (batch_size, CONTEXT), device=device),)
+    def example_inputs(self, batch_size: int, device, dtype):
+        return (torch.randint(0, VOCAB, (batch_size, self.context), device=device),)
 
 
-def make(**kw):
-    return GPT(**kw)
+def make(size: str | None = None, **kw):
+    return GPT(**{**SIZES[size], **kw}) if size else GPT(**kw)
 
 
 def make_new_gelu(**kw):
-    return GPT(new_gelu=True, **kw)
+    return make(new_gelu=True, **kw)

@@ -41,15 +41,19 @@ def last_dim_ln(n):
     return (N.x_of(n), eps, w, b) if one_dim else "normalized_shape is not one constant dim"
 
 
-def ln_before(fc_node, x):
-    """The last-dim LayerNorm feeding a Linear whose input is x, when nothing else uses it:
-    (ln node, parsed) | a reason | None."""
+def ln_before(fc_node, x, shapes: bool = False):
+    """The last-dim LayerNorm feeding a Linear whose input is x, when nothing else uses it
+    (shapes: nothing but shape queries, which the LayerNorm's input answers as well):
+    (ln node, parsed, those queries) | a reason | None."""
     ln = last_dim_ln(x) if x is not None else None
     if ln is None or (isinstance(ln, tuple) and N.is_permute(ln[0], (0, 2, 3, 1))):
         return None                                  # LN over NCHW channels: the ln2d pattern
     if isinstance(ln, str):
         return ln
-    return (x, ln) if list(x.users) == [fc_node] else "LayerNorm output used elsewhere too"
+    queries = tuple(u for u in x.users if shapes and N.shape_query(u, x))
+    if set(x.users) != {fc_node, *queries}:
+        return "LayerNorm output used elsewhere too"
+    return x, ln, queries
 
 
 def _mlp_fc1(n, bench: str, depth: int = 12) -> bool:
@@ -80,7 +84,7 @@ def ln_args(ln) -> tuple:
 def ln_then_linear(n, scope):
     """LayerNorm -> Linear -> one Function saving x and the stats (opt-in; see module doc)."""
     fc = N.fc(n) if N.op(n) == "linear" else None
-    got = ln_before(n, fc.x) if isinstance(fc, tuple) else None
+    got = ln_before(n, fc.x, shapes=True) if isinstance(fc, tuple) else None
     if got is None:
         return None
     if isinstance(got, str):                         # not a site, opted in or not
@@ -89,7 +93,12 @@ def ln_then_linear(n, scope):
         return Miss("ln_linear", OFF)
     if _mlp_fc1(n, scope.ctx.bench):
         return None                                  # the mlp site takes the LayerNorm in
-    (ln_node, ln), w, b = got, fc.weight, fc.bias
+    (ln_node, ln, queries), w, b = got, fc.weight, fc.bias
     x, eps, lw, lb = ln_args(ln)
+
+    def ask_the_input():             # LayerNorm keeps the shape: its input answers them
+        for u in queries:
+            u.replace_input_with(ln_node, x)
     site = Site("fused_ln_linear", lambda x, lw, lb, w, b: ln_linear(x, eps, lw, lb, w, b))
-    return Hit("ln_linear", n, site, (x, lw, lb, Attr(w), b and Attr(b)), (ln_node,))
+    return Hit("ln_linear", n, site, (x, lw, lb, Attr(w), b and Attr(b)), (ln_node,),
+               mutate=ask_the_input)

@@ -274,7 +274,7 @@ def ln_prologue(fc1_node, x, scope):
     if "ln_linear" not in scope.ctx.opt_in or scope.ctx.bench != "train":
         return None
     got = ln_before(fc1_node, x)
-    return (got[0], ln_args(got[1])) if isinstance(got, tuple) else None
+    return (got[0], ln_args(got[1])) if isinstance(got, tuple) else None   # no shape queries
 
 
 def _gamma(fc2, op: str, scope):

@@ -30,16 +30,21 @@ FUNCTIONS = {
     F.relu6: "relu6", F.dropout: "dropout", torch.dropout: "dropout", F.hardswish: "hardswish",
     F.adaptive_avg_pool2d: "adaptive_avg_pool2d", F.rms_norm: "rms_norm",
     torch.chunk: "chunk", torch.split: "split", F.group_norm: "group_norm",
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "bmm",
+    F.softmax: "softmax", torch.softmax: "softmax", torch.masked_fill: "masked_fill",
+    torch.transpose: "transpose",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
-           "to", "float", "type_as", "type", "chunk", "split"}
+           "to", "float", "type_as", "type", "chunk", "split", "matmul", "bmm", "softmax",
+           "masked_fill", "transpose"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
     nn.Identity: "identity", nn.RMSNorm: "rms_norm", nn.GroupNorm: "group_norm",
+    nn.Softmax: "softmax",
 }
 ACTS = ("silu", "relu", "gelu", "relu6", "hardswish")   # activations with a fused kernel here
 
@@ -106,6 +111,13 @@ def above_identities(n, bench: str, inside: frozenset = frozenset()) -> tuple:
         skipped.append(n)
         n = x_of(n)
     return n, tuple(skipped)
+
+
+def shape_query(u: fx.Node, x: fx.Node) -> bool:
+    """u reads only x's shape (`x.size()`, `x.size(d)`, `x.shape`, `x.dim()`): nanoGPT's
+    attention takes `b, t, c = x.size()` of its normed input."""
+    return (u.op == "call_method" and u.target in ("size", "dim") and u.args[:1] == (x,)) or (
+        u.op == "call_function" and u.target is getattr and u.args == (x, "shape"))
 
 
 def single_user(n: fx.Node) -> fx.Node | None:

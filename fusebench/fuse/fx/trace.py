@@ -1,6 +1,7 @@
 """Tracing for the graph pass: which modules get an fx graph, and how a rewritten graph runs.
 
-The whole model is traced first. Where symbolic tracing fails (data-dependent control flow,
+The whole model is traced first (a failed trace is tried once more with buffers as graph
+values rather than real tensors). Where symbolic tracing fails (data-dependent control flow,
 iterating a Proxy, ...) each child is traced on its own, then the parent is tried again with the
 children that failed kept as opaque leaves; a module that still fails is a `fx_fallback` note
 and only its submodules (and the module-level rules) are matched. Standard torch.nn modules,
@@ -29,9 +30,10 @@ CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, opaque: set[int]):
+    def __init__(self, opaque: set[int], buffers: bool = False):
         super().__init__()
         self.opaque = opaque
+        self.proxy_buffer_attributes = buffers
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
@@ -78,10 +80,16 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     def trace(m):
         if isinstance(m, CONTAINERS) or torch_modules.walked_only(m):
             return None
-        try:
-            return fx.GraphModule(m, _Tracer(opaque).trace(torch_modules.traced_as(m)))
-        except Exception as e:                       # noqa: BLE001 - any trace failure
-            return e
+        first = None
+        # buffers as real tensors first (as fx does); then as graph values, for code that
+        # slices one by a traced length (nanoGPT's causal mask, RoPE tables: `buf[:t]`)
+        for buffers in (False, True):
+            try:
+                return fx.GraphModule(m, _Tracer(opaque, buffers).trace(
+                    torch_modules.traced_as(m)))
+            except Exception as e:                   # noqa: BLE001 - any trace failure
+                first = first or e
+        return first
 
     def below(path, m):
         out = []

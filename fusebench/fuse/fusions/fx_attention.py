@@ -1,0 +1,371 @@
+"""attention (graph, train and infer): attention written out by hand -> one
+F.scaled_dot_product_attention call.
+
+    s = q @ k.transpose(-2, -1) * scale     # or `/ math.sqrt(d)`, `q = q * scale` first, none
+    s = s.masked_fill(mask == 0, float("-inf"))   # and / or `s + additive_mask`
+    p = F.softmax(s, dim=-1)                # maybe in float32 and cast back to q's dtype
+    out = p @ v                             # an identity dropout between is fine
+
+That is nanoGPT's and minGPT's CausalSelfAttention, timm's Attention with fused_attn off,
+BERT-style additive masks, Meta LLaMA's `softmax(s.float()).type_as(q)`, HF's
+`softmax(s, dtype=torch.float32).to(q.dtype)`, torch.matmul / bmm / the `@` operator.
+Eager writes the (.., L, S) scores and keeps the probabilities for backward; SDPA's flash
+kernel (CPU and CUDA) writes neither: it keeps the output and a log-sum-exp per row.
+
+What SDPA computes is the same function: softmax(q k^T * scale + mask) v, with the mask added
+after the scale as the code above adds it. A masked_fill with -inf (or a finite value <= -1e4,
+which underflows to the same zero in every row that keeps a key) becomes a bool mask; additive
+masks are summed into a float mask. Where every key of a row is masked the two differ (eager:
+NaN for -inf, the mean of v for a finite fill; SDPA: zeros): that row attends to nothing.
+
+Reasons, not sites: the scores or probabilities used elsewhere (returned weights, an in-place
+masked_fill_), a live dropout on the probabilities (SDPA would draw its own mask: the
+correctness check could not compare; on CPU it runs its math path anyway), a scale that is a
+tensor, a scale applied after the mask, ops between the matmul and the softmax SDPA does not
+compute (a relative-position bias reshaped in between, clamps). At run time, input SDPA does
+not take as the code wrote it (q, k, v batch dims that broadcast against each other, a mask
+that widens the scores, an additive mask in another dtype) runs the attention as written,
+with a warning."""
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fusebench.fuse.fx import nodes as N
+from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
+
+FINITE_FILL = -1e4          # a fill at or below this underflows to 0 in softmax, as -inf does
+CASTS_BACK = ("to", "type", "type_as")
+_ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+          operator.pow, operator.neg}
+_SEARCH = 6                 # ops walked up from a softmax looking for q @ k^T
+
+
+def _shape_of(n) -> bool:
+    """`x.size()` or `x.shape`: a torch.Size at run time."""
+    return isinstance(n, fx.Node) and (
+        (n.op == "call_method" and n.target == "size" and len(n.args) == 1 and not n.kwargs)
+        or (n.op == "call_function" and n.target is getattr and n.args[1:] == ("shape",)))
+
+
+def scalar(x, depth: int = 0) -> bool:
+    """x is a Python number at run time: a constant, `x.size(-1)`, `x.shape[-1]`, or math and
+    arithmetic over those (`1.0 / math.sqrt(k.size(-1))`, `d ** -0.5`)."""
+    if N.number(x) is not None:
+        return True
+    if not isinstance(x, fx.Node) or depth > 8:
+        return False
+    if x.op == "call_method" and x.target == "size":
+        return len(x.args) == 2 or "dim" in x.kwargs
+    if x.op != "call_function":
+        return False
+    if x.target is operator.getitem:
+        return _shape_of(x.args[0]) and isinstance(x.args[1], int)
+    if x.target in _ARITH or getattr(x.target, "__module__", None) == "math":
+        return all(scalar(a, depth + 1) for a in x.args) and not x.kwargs
+    return False
+
+
+def _scale_factor(n):
+    """(the other operand, factor, divides) when n multiplies or divides by a number."""
+    if N.op(n) == "mul":
+        for a, b in N.commuted(n, "mul"):
+            if scalar(b) and isinstance(a, fx.Node):
+                return a, b, False
+    if N.op(n) == "div":
+        ab = N.operands(n)
+        if ab and scalar(ab[1]) and isinstance(ab[0], fx.Node) and not n.kwargs.get("rounding_mode"):
+            return ab[0], ab[1], True
+    return None
+
+
+def _fill(n):
+    """(scores, cond, v) of `s.masked_fill(cond, v)` with v -inf or <= FINITE_FILL; a reason
+    for another value; None when n is no masked_fill."""
+    if N.op(n) != "masked_fill":
+        return None
+    v = N.number(N.arg(n, 2, "value"))
+    if v is None or not (v == -math.inf or v <= FINITE_FILL):
+        return "masked_fill with a value other than -inf or <= -1e4 (not a mask to SDPA)"
+    return N.x_of(n), N.arg(n, 1, "mask"), v
+
+
+def _is_matmul(n) -> bool:
+    return N.op(n) in ("matmul", "bmm")
+
+
+def _reaches_matmul(n, depth: int = 0) -> bool:
+    if not isinstance(n, fx.Node) or depth > _SEARCH:
+        return False
+    return _is_matmul(n) or any(_reaches_matmul(a, depth + 1) for a in n.all_input_nodes)
+
+
+def _sole_use(n: fx.Node, user: fx.Node) -> bool:
+    return list(n.users) == [user]
+
+
+class _Scores:
+    """What lies between q @ k^T and the softmax, walked up from the softmax's input."""
+
+    def __init__(self):
+        self.masks: list = []        # (kind "fill" / "add", mask node, fill value) in code order
+        self.factors: list = []      # (number node or constant, divides)
+        self.nodes: list = []        # absorbed
+
+    def parse(self, s) -> str | tuple | None:
+        """(q, kT) of the matmul at the root, or a reason."""
+        masked = False
+        while True:
+            if _is_matmul(s):
+                return self._operands(s)
+            user = self.nodes[-1] if self.nodes else None
+            if user is not None and not _sole_use(s, user):
+                return "the attention scores are used elsewhere"
+            fill = _fill(s)
+            if isinstance(fill, str):
+                return fill
+            if fill is not None:
+                if self.factors:
+                    return "the scores are scaled after the mask"
+                self.masks.insert(0, ("fill", fill[1], fill[2]))
+                self.nodes.append(s)
+                s = fill[0]
+                masked = True
+                continue
+            scaled = _scale_factor(s)
+            if scaled is not None:
+                self.factors.append(scaled[1:])
+                self.nodes.append(s)
+                s = scaled[0]
+                continue
+            if N.op(s) == "add":
+                added = self._added(s)
+                if isinstance(added, str):
+                    return added
+                if self.factors:
+                    return "the scores are scaled after the mask"
+                self.masks.insert(0, ("add", added[1], None))
+                self.nodes.append(s)
+                s = added[0]
+                masked = True
+                continue
+            if N.op(s) in ("mul", "div"):
+                return "the scores are scaled by a tensor (SDPA's scale is a number)"
+            name = N.op(s) or (s.target if isinstance(s.target, str) else
+                               getattr(s.target, "__name__", str(s.target)))
+            where = "after the mask" if masked else "between q @ k^T and the softmax"
+            return f"`{name}` {where} (not what SDPA computes)"
+
+    def _added(self, s):
+        """(scores, additive mask) of `s + m`: the operand q @ k^T reaches is the scores."""
+        for a, b in N.commuted(s, "add"):
+            if scalar(b):
+                return "a number added to the scores"
+            if isinstance(a, fx.Node) and isinstance(b, fx.Node) and _reaches_matmul(a) \
+                    and a not in b.all_input_nodes and b is not a:
+                return a, b
+        return "an add between q @ k^T and the softmax that is not a mask"
+
+    def _operands(self, mm):
+        if self.nodes and not _sole_use(mm, self.nodes[-1]):
+            return "the attention scores are used elsewhere"
+        self.nodes.append(mm)
+        q, kt = N.operands(mm) or (None, None)
+        if not (isinstance(q, fx.Node) and isinstance(kt, fx.Node)):
+            return "q @ k^T with an operand that is not a tensor"
+        q, kt = self._prescaled(q, mm), self._prescaled(kt, mm)
+        return q, kt
+
+    def _prescaled(self, x, user):
+        """timm's `q = q * self.scale` (and Whisper's scaled q and k): the factor joins the
+        scale when the scaled tensor has no other use."""
+        while (scaled := _scale_factor(x)) is not None and _sole_use(x, user):
+            self.factors.append(scaled[1:])
+            self.nodes.append(x)
+            user, x = x, scaled[0]
+        return x
+
+
+def _softmax(n):
+    """(input, dim, dtype kwarg) of a softmax node."""
+    m = N.module(n)
+    if m is not None:
+        return N.x_of(n), m.dim, None
+    dim = N.arg(n, 1, "dim")
+    dtype = n.kwargs.get("dtype")
+    if dtype is None and n.op == "call_function" and n.target is F.softmax and len(n.args) > 3:
+        dtype = n.args[3]
+    elif dtype is None and n.target in (torch.softmax, "softmax") and len(n.args) > 2:
+        dtype = n.args[2]
+    return N.x_of(n), dim, dtype
+
+
+def _cast_target(n):
+    """The dtype (or tensor whose dtype) a cast back names."""
+    if N.op(n) == "type_as":
+        return N.arg(n, 1, "other")
+    return N.arg(n, 1, "dtype")
+
+
+def _dtype_of(target, like: torch.Tensor) -> torch.dtype:
+    if isinstance(target, torch.Tensor):
+        return target.dtype
+    return target if isinstance(target, torch.dtype) else like.dtype
+
+
+def _scale(factors: tuple, divides: tuple) -> float:
+    s = 1.0
+    for f, d in zip(factors, divides):
+        s = s / f if d else s * f
+    return float(s)
+
+
+def _mask(masks: tuple, kinds: tuple):
+    """SDPA's attn_mask for the code's masks: bool (True = attend) for fills alone, else the
+    additive masks summed with the fills' positions set to -inf."""
+    if not masks:
+        return None
+    adds = [m for m, k in zip(masks, kinds) if k == "add"]
+    fills = [m for m, k in zip(masks, kinds) if k == "fill"]
+    if not adds:
+        keep = ~fills[0]
+        for c in fills[1:]:
+            keep = keep & ~c
+        return keep
+    m = adds[0]
+    for a in adds[1:]:
+        m = m + a
+    for c in fills:
+        m = m.masked_fill(c, -math.inf)
+    return m
+
+
+def _not_taken(q, k, v, masks, kinds, dim) -> str | None:
+    """Why SDPA cannot take these tensors as the code wrote them; None when it can."""
+    if not (q.dim() >= 3 and q.dim() == k.dim() == v.dim()):
+        return f"q, k, v of {q.dim()}, {k.dim()}, {v.dim()} dims"
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        return "q, k, v batch dims that broadcast against each other"
+    if dim % q.dim() != q.dim() - 1:
+        return f"a softmax over dim {dim}, not the keys"
+    if not (q.dtype == k.dtype == v.dtype):
+        return "q, k, v of different dtypes"
+    scores = (*q.shape[:-1], k.shape[-2])
+    for m, kind in zip(masks, kinds):
+        if kind == "add" and not (m.is_floating_point() and m.dtype in (q.dtype, torch.float32)):
+            return f"an additive mask of dtype {m.dtype}"
+        try:
+            wide = torch.broadcast_shapes(m.shape, scores) != scores
+        except RuntimeError:
+            wide = True
+        if wide:
+            return f"a mask of shape {tuple(m.shape)} that does not broadcast to the scores"
+    return None
+
+
+def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bool,
+                   cast: str | None, contiguous: bool) -> Site:
+    """fn(q, kT, v, factors, masks, cast_target) = the written-out attention, by SDPA.
+    up: the softmax runs in float32 (`.float()` or dtype=); cast: the op that casts the
+    probabilities back (its target is cast_target); contiguous: the code reads the output
+    as eager's matmul laid it out (a view), so lay it out that way."""
+    def manual(q, kt, v, scale, masks, cast_target):
+        s = torch.matmul(q, kt)
+        s = s * scale if scale != 1.0 else s
+        for m, kind, value in zip(masks, kinds, values):
+            s = s + m if kind == "add" else s.masked_fill(m, value)
+        p = F.softmax(s.float() if up else s, dim=dim)
+        return torch.matmul(p.to(_dtype_of(cast_target, q)) if cast else p, v)
+
+    def run(q, kt, v, factors, masks, cast_target):
+        scale = _scale(factors, divides)
+        k = kt.transpose(-2, -1)
+        want = _dtype_of(cast_target, q)
+        if up and q.dtype == torch.float64:     # the code's float32 softmax: compute it
+            return manual(q, kt, v, scale, masks, cast_target)
+        why = _not_taken(q, k, v, masks, kinds, dim)
+        if why is None and cast and want != q.dtype:
+            why = f"probabilities cast to {want} for q of {q.dtype}"
+        if why is not None:
+            warnings.warn(f"attention: SDPA does not take {why}; ran the attention as written")
+            return manual(q, kt, v, scale, masks, cast_target)
+        mask = _mask(masks, kinds)
+        three = q.dim() == 3            # (B*H, L, D): SDPA's flash kernel wants heads apart
+        if three:
+            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+            mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        o = o.squeeze(1) if three else o
+        return o.contiguous() if contiguous else o
+    return Site("fused_attention", run)
+
+
+def _probabilities(n, bench: str):
+    """(softmax node, cast back node or None, absorbed nodes) under `p @ v`'s p; a reason
+    for a live dropout; None when p is no softmax."""
+    p, between = n, ()
+    while N.identity_dropout(p, bench):     # their other users: checked with the chain's
+        p, between = N.x_of(p), (*between, p)
+    if N.op(p) == "dropout":
+        inner = N.x_of(p)
+        if N.op(inner) == "softmax" or N.op(N.x_of(inner) if inner is not None else None) \
+                == "softmax":
+            return "a live dropout on the attention weights (SDPA would draw its own mask)"
+        return None
+    cast = None
+    if N.op(p) in CASTS_BACK and N.op(N.x_of(p)) == "softmax":
+        cast, p = p, N.x_of(p)
+        between = (*between, cast)
+    if N.op(p) != "softmax":
+        return None
+    return p, cast, between
+
+
+@register_pattern("attention", benches=("train", "infer"))
+def attention(n, scope):
+    """softmax(q @ k^T * scale [+ mask]) @ v written out -> one SDPA call (module doc)."""
+    pv = N.operands(n) if _is_matmul(n) else None
+    if pv is None:
+        return None
+    probs, v = pv
+    got = _probabilities(probs, scope.ctx.bench)
+    if got is None:
+        return None
+    if isinstance(got, str):
+        return Miss("attention", got) if _reaches_matmul(probs) else None
+    sm, cast, between = got
+    s, dim, dtype = _softmax(sm)
+    if not _reaches_matmul(s):
+        return None                     # a softmax over something else (attention pooling)
+    chain = [*between, sm]              # p @ v's operand first, up to the softmax
+    if not all(_sole_use(b, a) for a, b in zip([n, *chain], chain)):
+        return Miss("attention", "the attention weights are used elsewhere")
+    if not isinstance(dim, int):
+        return Miss("attention", "a softmax over a dim that is not a constant")
+    up = dtype is torch.float32
+    if dtype is not None and not up:
+        return Miss("attention", f"a softmax in {dtype}")
+    if N.op(s) == "float" or (N.op(s) == "to" and N.arg(s, 1, "dtype") is torch.float32):
+        if not _sole_use(s, sm):
+            return Miss("attention", "the attention scores are used elsewhere")
+        chain.append(s)
+        s, up = N.x_of(s), True
+    scores = _Scores()
+    scores.nodes.append(chain[-1])
+    qk = scores.parse(s)
+    if isinstance(qk, str):
+        return Miss("attention", qk)
+    out_user = next(iter(n.users)) if len(n.users) == 1 else None
+    site = attention_site(tuple(d for _, d in scores.factors),
+                          tuple(k for k, _, _ in scores.masks),
+                          tuple(fill for _, _, fill in scores.masks), dim, up,
+                          N.op(cast) if cast is not None else None,
+                          contiguous=N.op(out_user) not in ("transpose", "permute"))
+    args = (*qk, v, tuple(f for f, _ in scores.factors), tuple(m for _, m, _ in scores.masks),
+            _cast_target(cast) if cast is not None else None)
+    return Hit("attention", n, site, args, (*chain, *scores.nodes[1:]))
