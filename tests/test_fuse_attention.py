@@ -221,3 +221,14 @@ def test_causal_gpt_step_equals_eager_after_an_optimizer_step(site_calls):
     with warnings.catch_warnings():
         torch.testing.assert_close(model(idx), ref(idx), atol=1e-4, rtol=1e-4)
     assert site_calls["fused_attention"] == 2 * 2 + 2
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_at_a_tiny_size(capsys):
+    from tests.helpers import load_benchmark
+    bench = load_benchmark("gpt_attention")
+    assert bench.main(["--size", "tiny", "--batch", "2", "--rounds", "2", "--threads", "1",
+                       "--contexts", "8,16"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("eager/site") == 2 and "(B 2, H 4, T 16, D 8)" in out, out
+    assert "sites {'attention': 2, 'mlp': 2}" in out and "eager/no attention site" in out, out
