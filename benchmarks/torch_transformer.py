@@ -9,7 +9,9 @@ site's function on its Parameters, forward + backward. Then the model:
 tests/assets/torch_transformer.py at size "bench" (4 layers, width 256, MLP 1024, 128 tokens,
 a key-padding mask), one variant per --variants entry (VARIANTS: pre- or post-norm, GELU or
 ReLU, dropout 0 or 0.1; `default` is torch's own: post-norm, ReLU, dropout 0.1; `vit`:
-tests/assets/tv_vit.py, torchvision's ViT layout, 160 px images, 101 tokens, width 256). Each
+tests/assets/tv_vit.py, torchvision's ViT layout, 160 px images, 101 tokens, width 256;
+`seq2seq`: nn.Transformer, 4 + 4 layers, 128 source and target tokens, a causal target mask,
+its decoder's cross-attention on the memory included). Each
 variant's eager and fused models (fusebench.fuse, one seed) take their steps (forward,
 cross-entropy, backward) alternately for --rounds rounds after a warm-up: the median
 per-round eager/fused ratio with a 95% bootstrap interval, and the bytes each saves for
@@ -44,7 +46,10 @@ VARIANTS = {"pre-gelu": dict(norm_first=True, activation="gelu"),
             "default": dict(norm_first=False, activation="relu", dropout=0.1),
             "pre-gelu-drop": dict(norm_first=True, activation="gelu", dropout=0.1),
             # torchvision's ViT layout (tests/assets/tv_vit.py), images in
-            "vit": dict(vit=True)}
+            "vit": dict(vit=True),
+            # nn.Transformer encoder-decoder (make_seq2seq): causal self-attention and
+            # cross-attention on the memory in each decoder layer; post-norm, ReLU, dropout 0
+            "seq2seq": dict(seq2seq=True)}
 
 
 def attention(batch: int, rounds: int, size: str = "bench") -> None:
@@ -72,8 +77,9 @@ def attention(batch: int, rounds: int, size: str = "bench") -> None:
           f"{ratio_ci(t['eager'], t['site'])} over {rounds} rounds", flush=True)
 
 
-def _step(model, x, labels):
-    F.cross_entropy(model(x), labels).backward()
+def _step(model, inputs, labels):
+    out = model(*inputs)                    # (B, classes), or (B, T, vocab) for seq2seq
+    F.cross_entropy(out.flatten(0, -2), labels.flatten()).backward()
     for p in model.parameters():
         p.grad = None
 
@@ -81,15 +87,19 @@ def _step(model, x, labels):
 def variant(name: str, batch: int, rounds: int, size: str = "bench") -> None:
     torch.manual_seed(0)
     kw = dict(VARIANTS[name])
-    eager = tv_vit.make(size=size) if kw.pop("vit", False) else \
-        torch_transformer.make(size=size, **kw)
+    if kw.pop("vit", False):
+        eager = tv_vit.make(size=size)
+    elif kw.pop("seq2seq", False):
+        eager = torch_transformer.make_seq2seq(size=size, **kw)
+    else:
+        eager = torch_transformer.make(size=size, **kw)
     fused = copy.deepcopy(eager)
     sites = fuse(fused, "train").sites
-    x, = eager.example_inputs(batch, "cpu", torch.float32)   # token ids, or images (vit)
-    labels = torch.randint(0, 10, (batch,))
+    x = eager.example_inputs(batch, "cpu", torch.float32)   # token ids, or images (vit)
+    labels = x[1] if len(x) == 2 else torch.randint(0, 10, (batch,))   # seq2seq: its targets
     t = alternate({m: (lambda m=m: _step(m, x, labels)) for m in (eager, fused)}, rounds)
     te, tf = t[eager], t[fused]
-    be, bf = saved_bytes(eager, x), saved_bytes(fused, x)
+    be, bf = saved_bytes(eager, *x), saved_bytes(fused, *x)
     print(f"{name} (sites {dict(sites)}): eager {statistics.median(te) * 1e3:.1f} ms, fused "
           f"{statistics.median(tf) * 1e3:.1f} ms; eager/fused {ratio_ci(te, tf)} over {rounds} "
           f"rounds; saved for backward {be / 2**20:.1f} vs {bf / 2**20:.1f} MiB "

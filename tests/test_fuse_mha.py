@@ -140,18 +140,79 @@ class UsesWeights(nn.Module):
         return out + w.sum()
 
 
-class CrossAttend(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(E, H, batch_first=True)
+S = 5                                   # memory length: cross-attention's keys
 
-    def forward(self, x):
-        return self.attn(x, x.flip(1), x.flip(1), need_weights=False)[0]
+
+class CrossAttend(nn.Module):
+    """attn(query, key, value) with the inputs apart: `cross` is a decoder's
+    `multihead_attn(x, memory, memory)` (key is value), `detr` DETR's self-attention with
+    positions added to q and k only (query is key), `three` all three apart."""
+
+    def __init__(self, form, dropout=0.0, batch_first=True, bias=True):
+        super().__init__()
+        self.form, self.batch_first = form, batch_first
+        self.attn = nn.MultiheadAttention(E, H, dropout=dropout, batch_first=batch_first,
+                                          bias=bias)
+        self.pos = nn.Parameter(torch.randn(T, E) / 4)
+
+    def forward(self, x, memory, attn_mask=None, key_padding_mask=None):
+        pos = self.pos if self.batch_first else self.pos[:, None]
+        if self.form == "cross":
+            q, k, v = x, memory, memory
+        elif self.form == "detr":
+            q = k = x + pos
+            v = x
+        else:
+            q, k, v = x + pos, memory * 2, memory
+        out = self.attn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                        need_weights=False)[0]
+        return x + out
+
+
+def _cross_masks(kind: str, form: str) -> dict:
+    s = T if form == "detr" else S
+    pad = torch.zeros(B, s, dtype=torch.bool)
+    pad[1, s - 2:] = True
+    return {"none": {}, "padding": dict(key_padding_mask=pad),
+            "bool_2d": dict(attn_mask=torch.ones(T, s, dtype=torch.bool).triu(1)),
+            "per_head_3d": dict(attn_mask=torch.randn(B * H, T, s, dtype=torch.float64,
+                                                      generator=torch.Generator().manual_seed(2)),
+                                key_padding_mask=pad)}[kind]
+
+
+@pytest.mark.parametrize("mask", ["none", "padding", "bool_2d", "per_head_3d"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
+@pytest.mark.parametrize("form", ["cross", "detr", "three"])
+@pytest.mark.parametrize("dropout", [0.0, 0.2], ids=["p0", "p0.2"])
+def test_query_key_value_apart_match_float64_eager(form, mask, batch_first, dropout, calls):
+    """One projection GEMM per distinct input over its rows of in_proj_weight (memory once
+    for k and v; x + pos once for q and k), the same SDPA call and dropout draws."""
+    torch.manual_seed(0)
+    model = CrossAttend(form, dropout=dropout, batch_first=batch_first).double().train()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert dict(result.sites) == {"mha": 1}, (result.sites, result.notes)
+    memory = torch.randn(B, S, E, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    memory = memory if batch_first else memory.transpose(0, 1).contiguous()
+    _same(model, ref, _x(batch_first), dict(memory=memory, **_cross_masks(mask, form)))
+    assert calls["fused_mha"] == 1
+
+
+@pytest.mark.parametrize("form, gemms", [("cross", 2), ("detr", 2), ("three", 3)])
+def test_one_projection_gemm_per_distinct_input(form, gemms, monkeypatch):
+    model = CrossAttend(form, bias=False).train()
+    fuse(model, "train")
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda x, w, b=None: seen.append(w.shape[0]) or real(x, w, b))
+    model(_x().float(), torch.randn(B, S, E))
+    assert sorted(seen[:-1]) == sorted({"cross": [E, 2 * E], "detr": [2 * E, E],
+                                        "three": [E, E, E]}[form]) and len(seen) == gemms + 1
 
 
 @pytest.mark.parametrize("model, reason", [
     (UsesWeights, "the attention weights are used"),
-    (CrossAttend, "cross-attention"),
     (lambda: Attend(dropout=0.1, need_weights=True), "need_weights with attention dropout"),
     (lambda: Attend(kdim=8, vdim=8), "kdim / vdim"),
     (lambda: Attend(add_bias_kv=True), "add_bias_kv")])

@@ -1,11 +1,14 @@
-"""mha (graph, train): nn.MultiheadAttention as self-attention, `attn(x, x, x, ...)[0]`
+"""mha (graph, train): nn.MultiheadAttention, `attn(q, k, v, ...)[0]`: self-attention
 (nn.TransformerEncoderLayer's and Decoder's `self_attn`, torchvision's ViT, CLIP-style
-blocks) -> the same computation without MultiheadAttention's layout copies.
+blocks), encoder-decoder attention (the decoder's `multihead_attn(x, memory, memory)`), or
+three inputs (DETR adds positions to q and k only) -> the same computation without
+MultiheadAttention's layout copies.
 
-On its training path (F.multi_head_attention_forward) the packed in-projection's output is
-copied to separate q, k, v, the heads are viewed out of those, and SDPA's output is copied
-back to tokens before the out-projection; backward copies the gradients the same ways. Here
-q, k and v are strided views of the one projection's output, SDPA (the same call, the same
+On its training path (F.multi_head_attention_forward) the in-projection's output is copied
+to separate q, k, v, the heads are viewed out of those, and SDPA's output is copied back to
+tokens before the out-projection; backward copies the gradients the same ways. Here each
+input tensor is one projection GEMM over its rows of in_proj_weight (x once for
+self-attention; memory once for k and v), q, k and v are strided views of those outputs, SDPA (the same call, the same
 shapes, scale and dropout) reads them as they are, and its output goes to the out-projection
 through a view where SDPA already wrote it token-major (the CPU flash kernel does). The masks
 are canonicalised and merged as MultiheadAttention does (F._canonical_mask, the key-padding
@@ -48,29 +51,56 @@ def _merged_mask(attn_mask, key_padding_mask, is_causal: bool, b: int, h: int, t
     return am, False
 
 
-def self_attention(x, w_in, b_in, w_out, b_out, attn_mask, key_padding_mask, is_causal,
-                   heads: int, p: float, batch_first: bool, eager_layout: bool = False):
-    """MultiheadAttention(x, x, x, need_weights=False)[0] in training, x (B, T, E) when
-    batch_first else (T, B, E). eager_layout: a batch-first output laid out (T, B, E) in
-    memory, as MultiheadAttention's is (a transposed view): a live dropout on it then draws
-    its mask in eager's order."""
-    e = x.shape[-1]
+def _groups(same_qk: bool, same_kv: bool) -> tuple[tuple[int, ...], ...]:
+    """Which of q, k, v (0, 1, 2) share one input tensor, hence one projection GEMM: their
+    rows of in_proj_weight are adjacent (q and v apart are two)."""
+    if same_qk and same_kv:
+        return ((0, 1, 2),)
+    if same_kv:
+        return ((0,), (1, 2))
+    if same_qk:
+        return ((0, 1), (2,))
+    return ((0,), (1,), (2,))
+
+
+def attention(inputs, w_in, b_in, w_out, b_out, attn_mask, key_padding_mask, is_causal,
+              heads: int, p: float, batch_first: bool, groups=((0, 1, 2),),
+              eager_layout: bool = False):
+    """MultiheadAttention(query, key, value, need_weights=False)[0] in training, each input
+    (B, L, E) when batch_first else (L, B, E); `inputs` holds one tensor per group of
+    _groups (self-attention: x once). Each group is one projection GEMM over its adjacent
+    rows of in_proj_weight, its heads strided views of that output. eager_layout: a
+    batch-first output laid out (T, B, E) in memory, as MultiheadAttention's is (a
+    transposed view): a live dropout on it then draws its mask in eager's order."""
+    e = inputs[0].shape[-1]
     d = e // heads
-    qkv = F.linear(x, w_in, b_in)                               # (.., .., 3E), x's layout
-    if batch_first:
-        b, t = x.shape[:2]
-        q, k, v = qkv.view(b, t, 3, heads, d).permute(2, 0, 3, 1, 4)   # (B, H, T, D) views
-    else:
-        t, b = x.shape[:2]
-        q, k, v = qkv.view(t, b, 3, heads, d).permute(2, 1, 3, 0, 4)
-    mask, causal = _merged_mask(attn_mask, key_padding_mask, bool(is_causal), b, heads, t, t,
-                                x.dtype)
+    qkv = [None, None, None]
+    for x, g in zip(inputs, groups):
+        rows = slice(g[0] * e, (g[-1] + 1) * e)
+        y = F.linear(x, w_in[rows], None if b_in is None else b_in[rows])     # x's layout
+        if batch_first:
+            views = y.view(*x.shape[:2], len(g), heads, d).permute(2, 0, 3, 1, 4)
+        else:
+            views = y.view(*x.shape[:2], len(g), heads, d).permute(2, 1, 3, 0, 4)
+        for i, v in zip(g, views):                                      # (B, H, L, D)
+            qkv[i] = v
+    q, k, v = qkv
+    b, t, s = q.shape[0], q.shape[2], k.shape[2]
+    mask, causal = _merged_mask(attn_mask, key_padding_mask, bool(is_causal), b, heads, t, s,
+                                q.dtype)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                        is_causal=causal)              # (B, H, T, D)
     if batch_first and not eager_layout:
         return F.linear(o.transpose(1, 2).reshape(b, t, e), w_out, b_out)
     y = F.linear(o.permute(2, 0, 1, 3).reshape(t, b, e), w_out, b_out)     # (T, B, E)
     return y.transpose(0, 1) if batch_first else y
+
+
+def self_attention(x, w_in, b_in, w_out, b_out, attn_mask, key_padding_mask, is_causal,
+                   heads: int, p: float, batch_first: bool, eager_layout: bool = False):
+    """attention() with query, key and value one tensor x."""
+    return attention((x,), w_in, b_in, w_out, b_out, attn_mask, key_padding_mask, is_causal,
+                     heads, p, batch_first, eager_layout=eager_layout)
 
 
 def _why_not(m: nn.MultiheadAttention) -> str | None:
@@ -83,13 +113,14 @@ def _why_not(m: nn.MultiheadAttention) -> str | None:
 
 @register_pattern("mha", benches=("train",))
 def mha(n, scope):
-    """attn(x, x, x, ...)[0] on an nn.MultiheadAttention -> self_attention (see module doc)."""
+    """attn(query, key, value, ...)[0] on an nn.MultiheadAttention -> attention() (module
+    doc): self-attention, encoder-decoder attention (key is value: the decoder's
+    `multihead_attn(x, memory, memory)`), or three inputs (DETR's positions added to q and k)."""
     if n.op != "call_module" or not computes_as(N.module(n), nn.MultiheadAttention):
         return None
     m = N.module(n)
     q, k, v = (N.arg(n, i, name) for i, name in ((0, "query"), (1, "key"), (2, "value")))
-    if not (q is k is v):
-        return Miss("mha", "cross-attention (query, key and value not one tensor)")
+    groups = _groups(q is k, k is v)
     why = _why_not(m)
     if why:
         return Miss("mha", why)
@@ -110,12 +141,13 @@ def mha(n, scope):
     # a live dropout on the output draws its mask in memory order: lay it out as eager does
     eager_layout = any(N.op(u) == "dropout" and not N.identity_dropout(u, scope.ctx.bench)
                        for u in firsts[0].users)
-    site = Site("fused_mha", lambda x, wi, bi, wo, bo, am, kp, c: self_attention(
-        x, wi, bi, wo, bo, am, kp, c, heads, p, batch_first, eager_layout))
+    site = Site("fused_mha", lambda xs, wi, bi, wo, bo, am, kp, c: attention(
+        xs, wi, bi, wo, bo, am, kp, c, heads, p, batch_first, groups, eager_layout))
     path = n.target
     bias = (m.in_proj_bias is not None and Attr(f"{path}.in_proj_bias") or None,
             m.out_proj.bias is not None and Attr(f"{path}.out_proj.bias") or None)
-    args = (q, Attr(f"{path}.in_proj_weight"), bias[0], Attr(f"{path}.out_proj.weight"),
+    inputs = tuple((q, k, v)[g[0]] for g in groups)
+    args = (inputs, Attr(f"{path}.in_proj_weight"), bias[0], Attr(f"{path}.out_proj.weight"),
             bias[1], attn_mask, kpm, is_causal)
     # the unused getitems too (`out, _ = attn(...)`): else they keep the module's call alive
     return Hit("mha", firsts[0], site, args, (n, *(u for u in items if u is not firsts[0])))
