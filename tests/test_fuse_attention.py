@@ -163,6 +163,20 @@ def test_used_weights_and_live_dropout_are_reasons():
     assert fuse(model.eval(), "infer").sites == {"attention": 1}
 
 
+def test_a_forward_that_assigns_an_attribute_is_not_traced(site_calls):
+    """The Annotated Transformer keeps its weights, `self.attn = p_attn`: a traced graph
+    would never make that assignment (and tracing left a Proxy there). The module is an
+    fx_fallback with the reason, its attribute as it was, and its forward still sets it."""
+    model = build(A.Annotated, keeps_weights=True)
+    ref = copy.deepcopy(model)
+    res = fuse(model, "train")
+    assert "attention" not in res.sites and model.attn is None
+    assert any("its forward assigns attn, which a traced graph would not do" in m
+               for m in not_fused(res)), res.notes
+    torch.testing.assert_close(model(tokens()), ref(tokens()))
+    assert isinstance(model.attn, torch.Tensor) and model.attn.shape == (2, A.HEADS, A.T, A.T)
+
+
 def test_a_softmax_that_is_not_attention_is_no_candidate():
     """Attention pooling (a learned score per token, softmax over tokens, a weighted sum):
     no q @ k^T behind the softmax, so neither a site nor a reason."""

@@ -16,7 +16,8 @@ original takes a mask it is built here from the input. `SPELLINGS` maps a name t
   torch.fx, so the shape is spelled out here (as in whisper_style's views).
 - annotated: the Annotated Transformer's `attention()`: `masked_fill(mask == 0, -1e9)`,
   `scores.softmax(dim=-1)`; `returns_weights` keeps its `(out, p_attn)` return (the weights
-  are used: a reason, not a site).
+  are used: a reason, not a site), `keeps_weights` the original's `self.attn = p_attn` (a
+  forward that assigns an attribute: not traced).
 - fairseq_bmm: 3-D (B * H, T, D) heads, `torch.bmm(q, k.transpose(1, 2))` with q scaled
   first, nn.Softmax(dim=-1) as a module.
 - whisper_style: OpenAI Whisper's qkv_attention: q and k each scaled by head_dim ** -0.25, k laid out (B, H, D, T) by a
@@ -146,12 +147,13 @@ def annotated_attention(query, key, value, mask=None, dropout=None):
 
 
 class Annotated(nn.Module):
-    def __init__(self, dim=DIM, heads=HEADS, returns_weights=False):
+    def __init__(self, dim=DIM, heads=HEADS, returns_weights=False, keeps_weights=False):
         super().__init__()
         self.d_k, self.h = dim // heads, heads
         self.linears = nn.ModuleList([nn.Linear(dim, dim) for _ in range(4)])
         self.dropout = nn.Dropout(p=0.0)
-        self.returns_weights = returns_weights
+        self.returns_weights, self.keeps_weights = returns_weights, keeps_weights
+        self.attn = None
 
     def forward(self, x):
         mask = _pad_mask(x)[:, None, None, :]               # (B, 1, 1, T): keys to keep
@@ -159,6 +161,8 @@ class Annotated(nn.Module):
         query, key, value = [lin(x).view(nbatches, -1, self.h, self.d_k).transpose(1, 2)
                              for lin in self.linears[:3]]
         out, p_attn = annotated_attention(query, key, value, mask=mask, dropout=self.dropout)
+        if self.keeps_weights:          # the original's `x, self.attn = attention(...)`
+            self.attn = p_attn
         out = out.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)
         out = self.linears[-1](out)
         return (out, p_attn) if self.returns_weights else out

@@ -70,6 +70,36 @@ def _buffers_kept(model: nn.Module):
                 b.copy_(v)
 
 
+_GONE = object()
+
+
+@contextlib.contextmanager
+def _attributes_kept(m: nn.Module):
+    """Tracing runs m's forward: an assignment in it (`self.attn = p_attn`, the Annotated
+    Transformer's; `self.mask = ...` caching) stores a Proxy on the module, and the traced
+    graph never makes that assignment. Every attribute, buffer and parameter slot of m's
+    modules is put back as it was; yields the list of `path.name`s the forward assigned."""
+    kept = [(path, sub, {k: dict(d) for k, d in _slots(sub)}) for path, sub in m.named_modules()]
+    assigned: list[str] = []
+    try:
+        yield assigned
+    finally:
+        for path, sub, before in kept:
+            for key, store in _slots(sub):
+                old = before[key]
+                for k in set(store) | set(old):
+                    if store.get(k, _GONE) is not old.get(k, _GONE):
+                        assigned.append(_join(path, k))
+                        if k in old:
+                            store[k] = old[k]
+                        else:
+                            del store[k]
+
+
+def _slots(m: nn.Module):
+    return (("dict", vars(m)), ("buffers", m._buffers), ("parameters", m._parameters))
+
+
 def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.GraphModule]]:
     """(path, module, traced graph) for the topmost modules that trace, outermost first."""
     opaque: set[int] = set()
@@ -85,8 +115,12 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
         # slices one by a traced length (nanoGPT's causal mask, RoPE tables: `buf[:t]`)
         for buffers in (False, True):
             try:
-                return fx.GraphModule(m, _Tracer(opaque, buffers).trace(
-                    torch_modules.traced_as(m)))
+                with _attributes_kept(m) as assigned:
+                    graph = _Tracer(opaque, buffers).trace(torch_modules.traced_as(m))
+                if assigned:
+                    return RuntimeError(f"its forward assigns {', '.join(sorted(assigned))}, "
+                                        f"which a traced graph would not do")
+                return fx.GraphModule(m, graph)
             except Exception as e:                   # noqa: BLE001 - any trace failure
                 first = first or e
         return first
