@@ -830,6 +830,8 @@ DIST_MODELS = {   # name -> (factory, input, sites)
                                               generator=torch.Generator().manual_seed(1)),
                           {"ln2d": 9, "mlp": 5, "dwconv": 5}),
     "llama": (llama.make, lambda: llama_tokens()[0], LLAMA),
+    # the written-out causal attention as SDPA (reads no parameters), the MLPs with their adds
+    "nano_gpt": (nano_gpt.make, lambda: tokens()[0], {"mlp": 2, "attention": 2}),
     # BN sites (bn_act, bn_add_act with the residual's gradient, bn_train) read the BNs'
     # parameters at call time: FSDP's flat views. float64: a float32 ResNet's gradients differ
     # from eager's by more than the tolerance below through the BNs alone (rounding)
