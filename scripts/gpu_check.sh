@@ -10,7 +10,10 @@
 #   3. issue 15: `run efficientnet_b3 --channels-last` train, AMP bf16, at the model's standard
 #      batch: eager, fused and compile side by side (2 worker processes each), then fused with
 #      the Triton BN+act kernel (`--fused-bn-act triton`; CUDA's default is aten's sequence).
-#   4. issue 16: `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16 (L2-flushed
+#   4. scripts/gpu_sites.py: the transformer graph sites' device paths (the mlp site's
+#      native_dropout, the mha site's strided views into SDPA, the attention site's masks), each
+#      model fused against eager in float32 and under bf16 autocast (tiny sizes, ~1 minute).
+#   5. issue 16: `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16 (L2-flushed
 #      step time vs graph-replayed device time, launch_bound events), every other mode of b3
 #      (cudagraphs included), compile reduce-overhead and fused cudagraphs.
 # Then scripts/gpu_summary.py writes $OUT/summary.json and prints each target as met / missed
@@ -90,6 +93,8 @@ step run_effnet_fused 270 $FB run "${EFF[@]}" -m eager,fused,compile --repeat 2 
     --out "$OUT/run"
 step run_effnet_fused_bn_act_triton 60 $FB run "${EFF[@]}" -m fused --fused-bn-act triton \
     --repeat 1 --timeout 55 --out "$OUT/run"
+
+step sites 90 $PY scripts/gpu_sites.py --device "$DEVICE" --size tiny
 
 LN2D=(--shape "$LNSHAPE" --direction fwdbwd --device "$DEVICE" "${STEPS[@]}" --timeout 60)
 for dt in float32 bfloat16; do
