@@ -56,7 +56,8 @@ def attention(batch: int, context: int, rounds: int, size: str) -> None:
         att = F.softmax(att.masked_fill(causal[:, :, :context, :context] == 0, -math.inf), -1)
         (att @ v).backward(dy)
 
-    site = attention_site((False,), ("fill",), (-math.inf,), -1, False, None, True)
+    # as fuse() builds it for nanoGPT: the sliced tril buffer is read as the causal mask
+    site = attention_site((False,), ("fill",), (-math.inf,), -1, False, None, True, (True,))
 
     def fused():
         q, k, v = heads_of()

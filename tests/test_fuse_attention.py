@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from fusebench.fuse import fuse
 from fusebench.measure import correctness as corr
@@ -246,3 +247,59 @@ def test_the_benchmark_runs_at_a_tiny_size(capsys):
     out = capsys.readouterr().out
     assert out.count("eager/site") == 2 and "(B 2, H 4, T 16, D 8)" in out, out
     assert "sites {'attention': 2, 'mlp': 2}" in out and "eager/no attention site" in out, out
+
+
+class Masked(nn.Module):
+    """q @ k^T / sqrt(d) masked by `kind`, softmax, @ v; a (1, 1, N, N) buffer `buf`."""
+
+    def __init__(self, kind, n=A.T + 4, dim=A.DIM, heads=A.HEADS):
+        super().__init__()
+        self.kind, self.heads, self.d = kind, heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        ones = torch.ones(n, n)
+        buf = {"tril_buffer": ones.tril(), "tril_offset": ones.tril(1),
+               "triu_buffer": ones.triu(), "corner_1x1": ones.tril(),
+               "shifted_corner": ones.tril(),
+               "additive_buffer": torch.full((n, n), -math.inf).triu(1)}.get(kind, ones)
+        self.register_buffer("buf", buf.view(1, 1, n, n))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, self.d).transpose(1, 2) for z in (q, k, v))
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.d)
+        if self.kind == "full_triu":
+            s = s + torch.full((t, t), float("-inf"), device=x.device).triu(1)
+        elif self.kind == "additive_buffer":
+            s = s + self.buf[:, :, :t, :t]
+        elif self.kind == "corner_1x1":                     # masks nothing: broadcast
+            s = s.masked_fill(self.buf[:, :, :1, :1] == 0, float("-inf"))
+        elif self.kind == "shifted_corner":
+            s = s.masked_fill(self.buf[:, :, 1:t + 1, 1:t + 1] == 0, float("-inf"))
+        else:
+            s = s.masked_fill(self.buf[:, :, :t, :t] == 0, float("-inf"))
+        return (F.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("kind, causal", [
+    ("tril_buffer", True), ("additive_buffer", True), ("full_triu", True),
+    ("tril_offset", False), ("triu_buffer", False), ("corner_1x1", False),
+    ("shifted_corner", False)])
+def test_the_causal_mask_becomes_is_causal(kind, causal, monkeypatch, site_calls):
+    """A mask the code builds as the causal pattern (a corner of a tril buffer, a -inf triu
+    added, `full(-inf).triu(1)` built in forward) is SDPA's is_causal, no mask passed;
+    anything else (another diagonal, the upper triangle, a corner off the top-left, one that
+    broadcasts) is passed as the mask. Either way the output and gradients are eager's."""
+    from fusebench.fuse.fusions import fx_attention
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def recorded(*a, **kw):
+        calls.append((kw.get("is_causal"), kw.get("attn_mask") is None))
+        return real(*a, **kw)
+    monkeypatch.setattr(fx_attention.F, "scaled_dot_product_attention", recorded)
+    model = build(Masked, kind=kind)
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites == {"attention": 1}
+    assert_matches_eager(model, ref, (tokens(),))
+    assert calls == [(causal, causal)]

@@ -36,6 +36,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from fusebench.fuse.fx import causal
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
 
@@ -268,12 +269,20 @@ def _not_taken(q, k, v, masks, kinds, dim) -> str | None:
     return None
 
 
+def _causal_only(masks, causal: tuple, q, k) -> bool:
+    """Every mask is the causal pattern (fx/causal.py) at the scores' own (L, S): SDPA's
+    is_causal computes the same, with no mask to read."""
+    return bool(masks) and all(causal) and all(
+        tuple(m.shape[-2:]) == (q.shape[-2], k.shape[-2]) for m in masks)
+
+
 def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bool,
-                   cast: str | None, contiguous: bool) -> Site:
+                   cast: str | None, contiguous: bool, causal: tuple = ()) -> Site:
     """fn(q, kT, v, factors, masks, cast_target) = the written-out attention, by SDPA.
     up: the softmax runs in float32 (`.float()` or dtype=); cast: the op that casts the
     probabilities back (its target is cast_target); contiguous: the code reads the output
-    as eager's matmul laid it out (a view), so lay it out that way."""
+    as eager's matmul laid it out (a view), so lay it out that way; causal: per mask, whether
+    the code builds the causal pattern (then SDPA's is_causal where the shapes allow)."""
     def manual(q, kt, v, scale, masks, cast_target):
         s = torch.matmul(q, kt)
         s = s * scale if scale != 1.0 else s
@@ -294,12 +303,14 @@ def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bo
         if why is not None:
             warnings.warn(f"attention: SDPA does not take {why}; ran the attention as written")
             return manual(q, kt, v, scale, masks, cast_target)
-        mask = _mask(masks, kinds)
+        is_causal = _causal_only(masks, causal, q, k)
+        mask = None if is_causal else _mask(masks, kinds)
         three = q.dim() == 3            # (B*H, L, D): SDPA's flash kernel wants heads apart
         if three:
             q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
             mask = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                           is_causal=is_causal)
         o = o.squeeze(1) if three else o
         return o.contiguous() if contiguous else o
     return Site("fused_attention", run)
@@ -365,7 +376,9 @@ def attention(n, scope):
                           tuple(k for k, _, _ in scores.masks),
                           tuple(fill for _, _, fill in scores.masks), dim, up,
                           N.op(cast) if cast is not None else None,
-                          contiguous=N.op(out_user) not in ("transpose", "permute"))
+                          contiguous=N.op(out_user) not in ("transpose", "permute"),
+                          causal=tuple(causal.fill_is_causal(m) if k == "fill" else
+                                       causal.add_is_causal(m) for k, m, _ in scores.masks))
     args = (*qk, v, tuple(f for f, _ in scores.factors), tuple(m for _, m, _ in scores.masks),
             _cast_target(cast) if cast is not None else None)
     return Hit("attention", n, site, args, (*chain, *scores.nodes[1:]))

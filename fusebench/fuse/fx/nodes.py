@@ -32,12 +32,12 @@ FUNCTIONS = {
     torch.chunk: "chunk", torch.split: "split", F.group_norm: "group_norm",
     operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "bmm",
     F.softmax: "softmax", torch.softmax: "softmax", torch.masked_fill: "masked_fill",
-    torch.transpose: "transpose",
+    torch.transpose: "transpose", operator.eq: "eq", torch.eq: "eq",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
            "to", "float", "type_as", "type", "chunk", "split", "matmul", "bmm", "softmax",
-           "masked_fill", "transpose"}
+           "masked_fill", "transpose", "eq"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",

@@ -71,6 +71,7 @@ def _buffers_kept(model: nn.Module):
 
 
 _GONE = object()
+FX_CONSTANT = "_tensor_constant"    # fx stores a tensor the code made at trace time on the root
 
 
 @contextlib.contextmanager
@@ -88,6 +89,8 @@ def _attributes_kept(m: nn.Module):
             for key, store in _slots(sub):
                 old = before[key]
                 for k in set(store) | set(old):
+                    if sub is m and key == "dict" and k.startswith(FX_CONSTANT):
+                        continue                 # fx's own: the graph reads it (get_attr)
                     if store.get(k, _GONE) is not old.get(k, _GONE):
                         assigned.append(_join(path, k))
                         if k in old:
