@@ -8,10 +8,11 @@ mode, side by side in one process.
 First the attention alone at each --contexts length: nanoGPT's `softmax((q @ k^T) * scale,
 masked by a sliced causal buffer) @ v` on (B, H, T, D) views of one qkv projection, against
 the `attention` site's function on the same tensors, forward + backward. Then the model:
-tests/assets/nano_gpt.py (size "bench": 4 layers, width 256, 4 heads, 256 tokens), eager and
-fused (fusebench.fuse, one seed) and fused without the `attention` site taking their steps (forward, cross-entropy, backward)
-alternately for --rounds rounds after a warm-up: the median per-round eager/fused ratio
-with a 95% bootstrap interval, and the bytes each saves for backward.
+tests/assets/nano_gpt.py (size "bench": 4 layers, width 256, 4 heads, 256 tokens): eager,
+fused (fusebench.fuse, one seed) and fused without the `attention` site (fused mode before
+it) take their steps (forward, cross-entropy, backward) alternately for --rounds rounds
+after a warm-up: the median per-round eager/other ratio with a 95% bootstrap interval, and
+the bytes each saves for backward.
 Measure on a quiet machine: the script prints the 1-minute load before and after."""
 from __future__ import annotations
 

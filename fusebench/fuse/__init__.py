@@ -41,7 +41,8 @@ ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate
                           "bn_train", "se_project", "mlp_bias_gelu", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "rms_norm", "gn_act", "se_project",
-                                "se_gate", "bn_add_act", "bn_act", "glu_mlp", "mlp", "mha", "attention",
+                                "se_gate", "bn_add_act", "bn_act", "glu_mlp", "mlp", "mha",
+                                "attention",
                                 "conv_bn_fold_fx", "ln_linear", "conv1x1", "bn_train_fx",
                                 "group_norm")
 OPT_IN: tuple[str, ...] = ("ln_linear",)   # more work for less memory: reported, fused on request

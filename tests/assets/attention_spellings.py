@@ -20,8 +20,9 @@ original takes a mask it is built here from the input. `SPELLINGS` maps a name t
   forward that assigns an attribute: not traced).
 - fairseq_bmm: 3-D (B * H, T, D) heads, `torch.bmm(q, k.transpose(1, 2))` with q scaled
   first, nn.Softmax(dim=-1) as a module.
-- whisper_style: OpenAI Whisper's qkv_attention: q and k each scaled by head_dim ** -0.25, k laid out (B, H, D, T) by a
-  permute (no transpose before the matmul), `(qk + mask).float()`, `softmax(...).to(q.dtype)`.
+- whisper_style: OpenAI Whisper's qkv_attention: q and k each scaled by head_dim ** -0.25,
+  k laid out (B, H, D, T) by a permute (no transpose before the matmul),
+  `(qk + mask).float()`, `softmax(...).to(q.dtype)`.
 """
 import math
 

@@ -9,8 +9,10 @@ F.scaled_dot_product_attention call.
 That is nanoGPT's and minGPT's CausalSelfAttention, timm's Attention with fused_attn off,
 BERT-style additive masks, Meta LLaMA's `softmax(s.float()).type_as(q)`, HF's
 `softmax(s, dtype=torch.float32).to(q.dtype)`, torch.matmul / bmm / the `@` operator.
-Eager writes the (.., L, S) scores and keeps the probabilities for backward; SDPA's flash
-kernel (CPU and CUDA) writes neither: it keeps the output and a log-sum-exp per row.
+Eager writes the (.., L, S) scores and keeps the probabilities for backward; SDPA's fused
+kernels (flash on CPU; flash or memory-efficient on CUDA) write neither: they keep the output
+and a log-sum-exp per row. A mask the code builds as the causal pattern (fx/causal.py) is
+SDPA's is_causal, so no mask is built or read.
 
 What SDPA computes is the same function: softmax(q k^T * scale + mask) v, with the mask added
 after the scale as the code above adds it. A masked_fill with -inf (or a finite value <= -1e4,
@@ -40,7 +42,7 @@ from fusebench.fuse.fx import causal
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
 
-FINITE_FILL = -1e4          # a fill at or below this underflows to 0 in softmax, as -inf does
+FINITE_FILL = causal.FINITE   # a fill at or below this underflows to 0 in softmax, as -inf
 CASTS_BACK = ("to", "type", "type_as")
 _ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
           operator.pow, operator.neg}
@@ -80,7 +82,8 @@ def _scale_factor(n):
                 return a, b, False
     if N.op(n) == "div":
         ab = N.operands(n)
-        if ab and scalar(ab[1]) and isinstance(ab[0], fx.Node) and not n.kwargs.get("rounding_mode"):
+        if ab and scalar(ab[1]) and isinstance(ab[0], fx.Node) \
+                and not n.kwargs.get("rounding_mode"):
             return ab[0], ab[1], True
     return None
 

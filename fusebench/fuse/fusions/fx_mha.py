@@ -8,9 +8,10 @@ On its training path (F.multi_head_attention_forward) the in-projection's output
 to separate q, k, v, the heads are viewed out of those, and SDPA's output is copied back to
 tokens before the out-projection; backward copies the gradients the same ways. Here each
 input tensor is one projection GEMM over its rows of in_proj_weight (x once for
-self-attention; memory once for k and v), q, k and v are strided views of those outputs, SDPA (the same call, the same
-shapes, scale and dropout) reads them as they are, and its output goes to the out-projection
-through a view where SDPA already wrote it token-major (the CPU flash kernel does). The masks
+self-attention; memory once for k and v), q, k and v are strided views of those outputs,
+SDPA (the same call, the same shapes, scale and dropout) reads them as they are, and its
+output goes to the out-projection through a view where SDPA already wrote it token-major
+(the CPU flash kernel does). The masks
 are canonicalised and merged as MultiheadAttention does (F._canonical_mask, the key-padding
 mask added to attn_mask), broadcast over heads instead of expanded. Parameters are read at
 call time, so FSDP / DDP see them as before. Eval mode is left to MultiheadAttention (its
