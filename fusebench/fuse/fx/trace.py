@@ -1,7 +1,8 @@
 """Tracing for the graph pass: which modules get an fx graph, and how a rewritten graph runs.
 
 The whole model is traced first (a failed trace is tried once more with buffers as graph
-values rather than real tensors). Where symbolic tracing fails (data-dependent control flow,
+values rather than real tensors; optional arguments a forward branches on are fixed to their
+defaults and checked at call time: fx/specialise.py). Where symbolic tracing fails (data-dependent control flow,
 iterating a Proxy, ...) each child is traced on its own, then the parent is tried again with the
 children that failed kept as opaque leaves; a module that still fails is a `fx_fallback` note
 and only its submodules (and the module-level rules) are matched. Standard torch.nn modules,
@@ -15,6 +16,7 @@ specialises `self.training` branches), the class's own forward runs instead."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 
 import torch
@@ -22,7 +24,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import torch_modules
+from fusebench.fuse.fx import specialise, torch_modules
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
 
@@ -113,19 +115,25 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     def trace(m):
         if isinstance(m, CONTAINERS) or torch_modules.walked_only(m):
             return None
-        first = None
+        first, root = None, torch_modules.traced_as(m)
         # buffers as real tensors first (as fx does); then as graph values, for code that
         # slices one by a traced length (nanoGPT's causal mask, RoPE tables: `buf[:t]`)
         for buffers in (False, True):
-            try:
+            def attempt(concrete):
                 with _attributes_kept(m) as assigned:
-                    graph = _Tracer(opaque, buffers).trace(torch_modules.traced_as(m))
+                    graph = _Tracer(opaque, buffers).trace(root, concrete_args=concrete)
                 if assigned:
-                    return RuntimeError(f"its forward assigns {', '.join(sorted(assigned))}, "
-                                        f"which a traced graph would not do")
-                return fx.GraphModule(m, graph)
+                    raise RuntimeError(f"its forward assigns {', '.join(sorted(assigned))}, "
+                                       f"which a traced graph would not do")
+                return graph
+            try:
+                graph, fixed = specialise.traced(attempt, root.forward)
             except Exception as e:                   # noqa: BLE001 - any trace failure
                 first = first or e
+                continue
+            gm = fx.GraphModule(m, graph)
+            gm.fusebench_fixed = (inspect.signature(root.forward), fixed)
+            return gm
         return first
 
     def below(path, m):
@@ -185,6 +193,9 @@ def install(m: nn.Module, gm: fx.GraphModule) -> None:
         if n.op == "get_attr" and "." not in n.target and not hasattr(m, n.target):
             object.__setattr__(m, n.target, getattr(gm, n.target))
     code, traced_training = type(gm).forward, m.training
+    signature, fixed = getattr(gm, "fusebench_fixed", (None, {}))
+    if fixed:                        # optional arguments the trace fixed (fx/specialise.py)
+        code = specialise.guarded(code, signature, fixed, type(m).forward)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
