@@ -3,6 +3,8 @@
   nodes.py    what an fx node computes, whatever the spelling (function, method, module)
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
+  specialise.py  optional arguments a forward branches on: fixed for the trace, checked at call
+  causal.py   whether a mask node is the causal pattern (the attention site's is_causal)
   torch_modules.py  torch.nn's transformer modules, which fx keeps leaves: walked into, traced
   acts.py     the activation a node (or, via spelled.py, a written-out expression) computes
   residual.py a fused Function whose output also takes a residual add (the mlp site's)
