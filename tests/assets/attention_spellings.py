@@ -20,6 +20,9 @@ original takes a mask it is built here from the input. `SPELLINGS` maps a name t
   forward that assigns an attribute: not traced).
 - fairseq_bmm: 3-D (B * H, T, D) heads, `torch.bmm(q, k.transpose(1, 2))` with q scaled
   first, nn.Softmax(dim=-1) as a module.
+- karpathy_heads: the "Let's build GPT" lecture's: one `Head` module per head (3-D (B, T, hs)
+  tensors, `q @ k.transpose(-2, -1) * k.shape[-1]**-0.5`, a `tril[:T, :T] == 0` buffer fill),
+  an nn.ModuleList of them, `torch.cat([h(x) for h in self.heads], dim=-1)`: one site per head.
 - whisper_style: OpenAI Whisper's qkv_attention: q and k each scaled by head_dim ** -0.25,
   k laid out (B, H, D, T) by a permute (no transpose before the matmul),
   `(qk + mask).float()`, `softmax(...).to(q.dtype)`.
@@ -193,6 +196,34 @@ class FairseqBmm(nn.Module):
         return self.out_proj(attn).transpose(0, 1)
 
 
+class Head(nn.Module):
+    def __init__(self, head_size, n_embd=DIM, block_size=T):
+        super().__init__()
+        self.key = nn.Linear(n_embd, head_size, bias=False)
+        self.query = nn.Linear(n_embd, head_size, bias=False)
+        self.value = nn.Linear(n_embd, head_size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        k, q = self.key(x), self.query(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        wei = self.dropout(F.softmax(wei, dim=-1))
+        return wei @ self.value(x)
+
+
+class KarpathyHeads(nn.Module):
+    def __init__(self, dim=DIM, heads=HEADS):
+        super().__init__()
+        self.heads = nn.ModuleList([Head(dim // heads) for _ in range(heads)])
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+
 class WhisperStyle(nn.Module):
     def __init__(self, dim=DIM, heads=HEADS, n_ctx=T):
         super().__init__()
@@ -221,5 +252,7 @@ SPELLINGS = {
     "hf_eager": HfEager,
     "annotated": Annotated,
     "fairseq_bmm": FairseqBmm,
+    "karpathy_heads": KarpathyHeads,
     "whisper_style": WhisperStyle,
 }
+SITES = {"karpathy_heads": HEADS}     # attention sites per spelling where not 1
