@@ -42,7 +42,6 @@ from fusebench.fuse.fx import causal
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
 
-FINITE_FILL = causal.FINITE   # a fill at or below this underflows to 0 in softmax, as -inf
 CASTS_BACK = ("to", "type", "type_as")
 _ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
           operator.pow, operator.neg}
@@ -89,12 +88,12 @@ def _scale_factor(n):
 
 
 def _fill(n):
-    """(scores, cond, v) of `s.masked_fill(cond, v)` with v -inf or <= FINITE_FILL; a reason
-    for another value; None when n is no masked_fill."""
+    """(scores, cond, v) of `s.masked_fill(cond, v)` with v masking as -inf does
+    (causal.masking); a reason for another value; None when n is no masked_fill."""
     if N.op(n) != "masked_fill":
         return None
     v = N.number(N.arg(n, 2, "value"))
-    if v is None or not (v == -math.inf or v <= FINITE_FILL):
+    if not causal.masking(v):
         return "masked_fill with a value other than -inf or <= -1e4 (not a mask to SDPA)"
     return N.x_of(n), N.arg(n, 1, "mask"), v
 
@@ -326,18 +325,23 @@ def _probabilities(n, bench: str):
     while N.identity_dropout(p, bench):     # their other users: checked with the chain's
         p, between = N.x_of(p), (*between, p)
     if N.op(p) == "dropout":
-        inner = N.x_of(p)
-        if N.op(inner) == "softmax" or N.op(N.x_of(inner) if inner is not None else None) \
-                == "softmax":
-            return "a live dropout on the attention weights (SDPA would draw its own mask)"
+        live = _softmax_of(N.x_of(p))
+        return None if live is None else \
+            "a live dropout on the attention weights (SDPA would draw its own mask)"
+    got = _softmax_of(p)
+    if got is None:
         return None
-    cast = None
+    sm, cast = got
+    return sm, cast, between if cast is None else (*between, cast)
+
+
+def _softmax_of(p):
+    """(softmax node, the cast back after it or None) when p is a softmax or its cast back."""
+    if N.op(p) == "softmax":
+        return p, None
     if N.op(p) in CASTS_BACK and N.op(N.x_of(p)) == "softmax":
-        cast, p = p, N.x_of(p)
-        between = (*between, cast)
-    if N.op(p) != "softmax":
-        return None
-    return p, cast, between
+        return N.x_of(p), p
+    return None
 
 
 @register_pattern("attention", benches=("train", "infer"))

@@ -13,8 +13,6 @@ Any corner `[:a, :b]` of such a matrix is the causal mask of an (a, b) score mat
 checks at run time that the mask's last two dims are the scores' (no broadcast)."""
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx as fx
 
@@ -64,8 +62,9 @@ def fill_is_causal(cond) -> bool:
     return m is not None and torch.equal(m != 0, _lower(m))
 
 
-def _masking(v: float | None) -> bool:
-    return v is not None and (v == -math.inf or v <= FINITE)
+def masking(v: float | None) -> bool:
+    """A fill or mask value that masks as -inf does: -inf itself, or <= FINITE."""
+    return v is not None and v <= FINITE
 
 
 def add_is_causal(mask) -> bool:
@@ -100,4 +99,4 @@ def _full_triu(n) -> bool:
         return False
     size = N.arg(full, 0, "size")
     return isinstance(size, (tuple, list)) and len(size) == 2 and \
-        _masking(N.number(N.arg(full, 1, "fill_value")))
+        masking(N.number(N.arg(full, 1, "fill_value")))
