@@ -1,8 +1,10 @@
 """Optional arguments of a traced forward (fuse/fx/specialise.py): fx traces a default of None
 as a Proxy, which `is not None`, so nanoGPT's `forward(idx, targets=None)` used to trace its
-loss branch and crash when called without targets; a flag default (`if return_features:`)
-stopped the trace. Now the branch taken by the defaults is traced, the call is checked, and
-another value runs the module's own forward with a warning."""
+loss branch and crash when called without targets, and `c = x if context is None else
+context` called `k(None)`; a flag default (`if return_features:`) stopped the trace. Now the
+defaults' branch is traced, the Proxy graph is kept for calls that pass the argument, each call
+goes to the graph traced for it, and a call that fits neither runs the module's own forward
+with a warning."""
 from __future__ import annotations
 
 import copy
@@ -51,21 +53,111 @@ def _ids():
                          generator=torch.Generator().manual_seed(1))
 
 
-def test_a_none_default_the_forward_branches_on_is_fixed_and_checked(site_calls):
+def test_a_none_default_the_forward_branches_on_gets_a_graph_per_branch(site_calls):
+    """nanoGPT's `forward(idx, targets=None)`: without targets the logits graph, with them
+    the loss graph; both fused, both equal to eager in float64, gradients included."""
     torch.manual_seed(0)
     model = WithTargets().double()
     ref = copy.deepcopy(model)
-    assert dict(fuse(model, "train").sites) == {"attention": 2, "mlp": 2}
+    assert dict(fuse(model, "train").sites) == {"attention": 2, "mlp": 2}   # counted once
     idx = _ids()
-    logits, loss = model(idx)                       # traced for: no targets, no loss
+    logits, loss = model(idx)                       # the defaults' graph: no loss
     assert loss is None
     torch.testing.assert_close(logits, ref(idx)[0])
     assert site_calls == {"fused_attention": 2, "fused_mlp": 2}
     site_calls.clear()
-    with pytest.warns(UserWarning, match="traced with targets=None; called with another value"):
-        got = model(idx, targets=idx)               # its own forward: the loss, as eager
-    torch.testing.assert_close(got[1], ref(idx, idx)[1])
-    assert site_calls == {}
+    got, want = model(idx, targets=idx), ref(idx, targets=idx)
+    assert site_calls == {"fused_attention": 2, "fused_mlp": 2}    # the loss graph, fused
+    torch.testing.assert_close(got[1], want[1])
+    got[1].backward()
+    want[1].backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+class CrossOrSelf(nn.Module):
+    """Stable Diffusion's attention: keys and values from the context, or from x without one.
+    No op differs between the two traces, only what k and v read."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x, context=None):
+        c = x if context is None else context
+        x = x + F.scaled_dot_product_attention(self.q(x), self.k(c), self.v(c))
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_an_argument_that_only_changes_what_an_op_reads_is_a_branch_too(site_calls):
+    torch.manual_seed(0)
+    model = CrossOrSelf().double()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    x, ctx = (torch.randn(2, n, 16, dtype=torch.float64) for n in (5, 7))
+    torch.testing.assert_close(model(x), ref(x))        # crashed: k(None)
+    torch.testing.assert_close(model(x, ctx), ref(x, ctx))
+    torch.testing.assert_close(model(x, context=ctx), ref(x, context=ctx))
+    assert site_calls == {"fused_mlp": 3}
+
+
+class TwoBranches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x, bias=None, scale=None):
+        y = self.fc2(F.gelu(self.fc1(x)))
+        y = y if bias is None else y + bias
+        return y if scale is None else y * scale
+
+
+def test_each_mix_of_branching_arguments_gets_its_graph(site_calls):
+    """Two branching arguments: a graph with both None (counted), and one for each mix of
+    them passed; every call runs fused and equals eager."""
+    model = TwoBranches().double()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    x, b, s = (torch.randn(3, 8, dtype=torch.float64) for _ in range(3))
+    for kwargs in ({}, {"bias": b}, {"scale": s}, {"bias": b, "scale": s}):
+        torch.testing.assert_close(model(x, **kwargs), ref(x, **kwargs))
+    torch.testing.assert_close(model(x, b, s), ref(x, b, s))
+    assert site_calls == {"fused_mlp": 5}
+
+
+class Stem(nn.Module):
+    """Inference: a conv into timm's BatchNormAct2d (F.batch_norm in its forward), in a root
+    whose forward branches on an optional argument, so its graph has two variants. The fold
+    swaps the conv for a folded one in the module tree both run: each must drop the BN once
+    (each variant's graph module holds the original conv, so each folds from it)."""
+
+    def __init__(self):
+        super().__init__()
+        from assets.timm_efficientnet import BatchNormAct2d
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), BatchNormAct2d(8)
+
+    def forward(self, x, extra=None):
+        y = self.bn(self.conv(x))
+        return y if extra is None else y + extra
+
+
+def test_a_fold_applies_to_every_variant_once():
+    torch.manual_seed(0)
+    model = Stem().double()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    model.eval()
+    ref = copy.deepcopy(model)
+    res = fuse(model, "infer")                   # on a copy: res.model
+    assert res.sites["conv_bn_fold"] == 1
+    model = res.model
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    e = torch.randn(2, 8, 6, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x))
+        torch.testing.assert_close(model(x, e), ref(x, e))
 
 
 def test_a_flag_default_now_traces_and_a_passed_mask_stays_an_argument(site_calls):
@@ -86,7 +178,8 @@ def test_a_flag_default_now_traces_and_a_passed_mask_stays_an_argument(site_call
         torch.testing.assert_close(model(x, mask), ref(x, mask))
         torch.testing.assert_close(model(x, mask=mask), ref(x, mask=mask))
     assert site_calls == {"fused_mlp": 3}
-    with pytest.warns(UserWarning, match="return_features=False"):
+    with pytest.warns(UserWarning, match=r"return_features=False; called with other values "
+                                         r"\(return_features\)"):
         y, h = model(x, return_features=True)
     torch.testing.assert_close(h, ref(x, return_features=True)[1])
     assert site_calls == {"fused_mlp": 3}

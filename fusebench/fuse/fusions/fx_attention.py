@@ -8,7 +8,8 @@ F.scaled_dot_product_attention call.
 
 That is nanoGPT's and minGPT's CausalSelfAttention, timm's Attention with fused_attn off,
 BERT-style additive masks, Meta LLaMA's `softmax(s.float()).type_as(q)`, HF's
-`softmax(s, dtype=torch.float32).to(q.dtype)`, torch.matmul / bmm / the `@` operator.
+`softmax(s, dtype=torch.float32).to(q.dtype)`, torch.matmul / bmm / the `@` operator, or an
+einsum (`einsum("b i d, b j d -> b i j", q, k)`: Stable Diffusion's, lucidrains'; fx/products.py).
 Eager writes the (.., L, S) scores and keeps the probabilities for backward; SDPA's fused
 kernels (flash on CPU; flash or memory-efficient on CUDA) write neither: they keep the output
 and a log-sum-exp per row. A mask the code builds as the causal pattern (fx/causal.py) is
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 from fusebench.fuse.fx import causal
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
+from fusebench.fuse.fx.products import product
 
 CASTS_BACK = ("to", "type", "type_as")
 _ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
@@ -98,14 +100,11 @@ def _fill(n):
     return N.x_of(n), N.arg(n, 1, "mask"), v
 
 
-def _is_matmul(n) -> bool:
-    return N.op(n) in ("matmul", "bmm")
-
-
 def _reaches_matmul(n, depth: int = 0) -> bool:
     if not isinstance(n, fx.Node) or depth > _SEARCH:
         return False
-    return _is_matmul(n) or any(_reaches_matmul(a, depth + 1) for a in n.all_input_nodes)
+    return product(n) is not None or any(_reaches_matmul(a, depth + 1)
+                                         for a in n.all_input_nodes)
 
 
 def _sole_use(n: fx.Node, user: fx.Node) -> bool:
@@ -119,12 +118,13 @@ class _Scores:
         self.masks: list = []        # (kind "fill" / "add", mask node, fill value) in code order
         self.factors: list = []      # (number node or constant, divides)
         self.nodes: list = []        # absorbed
+        self.k_rows = False          # k given as (.., S, D) (an einsum), not k^T
 
     def parse(self, s) -> str | tuple | None:
-        """(q, kT) of the matmul at the root, or a reason."""
+        """(q, k or k^T) of the product at the root, or a reason."""
         masked = False
         while True:
-            if _is_matmul(s):
+            if product(s) is not None:
                 return self._operands(s)
             user = self.nodes[-1] if self.nodes else None
             if user is not None and not _sole_use(s, user):
@@ -178,11 +178,8 @@ class _Scores:
         if self.nodes and not _sole_use(mm, self.nodes[-1]):
             return "the attention scores are used elsewhere"
         self.nodes.append(mm)
-        q, kt = N.operands(mm) or (None, None)
-        if not (isinstance(q, fx.Node) and isinstance(kt, fx.Node)):
-            return "q @ k^T with an operand that is not a tensor"
-        q, kt = self._prescaled(q, mm), self._prescaled(kt, mm)
-        return q, kt
+        q, kt, self.k_rows = product(mm)
+        return self._prescaled(q, mm), self._prescaled(kt, mm)
 
     def _prescaled(self, x, user):
         """timm's `q = q * self.scale` (and Whisper's scaled q and k): the factor joins the
@@ -279,14 +276,16 @@ def _causal_only(masks, causal: tuple, q, k) -> bool:
 
 
 def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bool,
-                   cast: str | None, contiguous: bool, causal: tuple = ()) -> Site:
+                   cast: str | None, contiguous: bool, causal: tuple = (),
+                   k_rows: bool = False) -> Site:
     """fn(q, kT, v, factors, masks, cast_target) = the written-out attention, by SDPA.
     up: the softmax runs in float32 (`.float()` or dtype=); cast: the op that casts the
     probabilities back (its target is cast_target); contiguous: the code reads the output
     as eager's matmul laid it out (a view), so lay it out that way; causal: per mask, whether
-    the code builds the causal pattern (then SDPA's is_causal where the shapes allow)."""
+    the code builds the causal pattern (then SDPA's is_causal where the shapes allow);
+    k_rows: the second argument is k itself (an einsum over d), not k^T."""
     def manual(q, kt, v, scale, masks, cast_target):
-        s = torch.matmul(q, kt)
+        s = torch.matmul(q, kt.transpose(-2, -1) if k_rows else kt)
         s = s * scale if scale != 1.0 else s
         for m, kind, value in zip(masks, kinds, values):
             s = s + m if kind == "add" else s.masked_fill(m, value)
@@ -295,7 +294,7 @@ def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bo
 
     def run(q, kt, v, factors, masks, cast_target):
         scale = _scale(factors, divides)
-        k = kt.transpose(-2, -1)
+        k = kt if k_rows else kt.transpose(-2, -1)
         want = _dtype_of(cast_target, q)
         if up and q.dtype == torch.float64:     # the code's float32 softmax: compute it
             return manual(q, kt, v, scale, masks, cast_target)
@@ -347,10 +346,10 @@ def _softmax_of(p):
 @register_pattern("attention", benches=("train", "infer"))
 def attention(n, scope):
     """softmax(q @ k^T * scale [+ mask]) @ v written out -> one SDPA call (module doc)."""
-    pv = N.operands(n) if _is_matmul(n) else None
-    if pv is None:
+    pv = product(n)
+    if pv is None or pv.b_rows:
         return None
-    probs, v = pv
+    probs, v = pv.a, pv.b
     got = _probabilities(probs, scope.ctx.bench)
     if got is None:
         return None
@@ -385,7 +384,8 @@ def attention(n, scope):
                           N.op(cast) if cast is not None else None,
                           contiguous=N.op(out_user) not in ("transpose", "permute"),
                           causal=tuple(causal.fill_is_causal(m) if k == "fill" else
-                                       causal.add_is_causal(m) for k, m, _ in scores.masks))
+                                       causal.add_is_causal(m) for k, m, _ in scores.masks),
+                          k_rows=scores.k_rows)
     args = (*qk, v, tuple(f for f, _ in scores.factors), tuple(m for _, m, _ in scores.masks),
             _cast_target(cast) if cast is not None else None)
     return Hit("attention", n, site, args, (*chain, *scores.nodes[1:]))

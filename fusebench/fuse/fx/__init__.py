@@ -3,7 +3,9 @@
   nodes.py    what an fx node computes, whatever the spelling (function, method, module)
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
-  specialise.py  optional arguments a forward branches on: fixed for the trace, checked at call
+  specialise.py  optional arguments a forward branches on: a graph per value, chosen per call
+  leaves.py   functions and modules kept whole as one node (einops; a user's register_leaf)
+  products.py a matrix product however written (@, matmul, bmm, an einsum that is one)
   causal.py   whether a mask node is the causal pattern (the attention site's is_causal)
   torch_modules.py  torch.nn's transformer modules, which fx keeps leaves: walked into, traced
   acts.py     the activation a node (or, via spelled.py, a written-out expression) computes
@@ -25,6 +27,7 @@ from collections import Counter, defaultdict
 import torch.fx as fx
 import torch.nn as nn
 
+from fusebench.fuse.fx.leaves import register_leaf
 from fusebench.fuse.fx.nodes import hooked, module, op
 from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope, Site, register_pattern
 from fusebench.fuse.fx.trace import graph_roots, install
@@ -38,16 +41,23 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         return Counter()
     sites: Counter = Counter()
     misses: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for path, m, gm in graph_roots(model, ctx.notes):
+    roots = graph_roots(model, ctx.notes)
+    changed: dict[int, nn.Module] = {}
+    for path, m, gm in roots:
+        # a module's other variants (fx/specialise.py) are fused alike but not counted twice
+        counted = getattr(gm, "fusebench_variant", 0) == 0
         scope = Scope(gm, ctx, path, m)
-        changed = False
         erased: set = set()
         for sweep in sorted({p.sweep for p in patterns}):
             tried = [p for p in patterns if p.sweep == sweep]
-            changed |= _sweep(scope, tried, erased, sites, misses)
-        if changed:
+            if _sweep(scope, tried, erased, sites if counted else Counter(),
+                      misses if counted else defaultdict(list)):
+                changed[id(m)] = m
+    for m in changed.values():
+        gms = [gm for _, mm, gm in roots if mm is m]
+        for gm in gms:
             gm.graph.lint()
-            install(m, gm)
+        install(m, gms)
     for (pattern, reason), where in sorted(misses.items()):
         more = f" and {len(where) - 3} more" if len(where) > 3 else ""
         ctx.notes.append(("not_fused", f"{pattern}: {len(where)} candidate(s) not fused: "
@@ -137,4 +147,5 @@ def _apply(gm: fx.GraphModule, root: nn.Module, hit: Hit, erased: set, ctx) -> b
     return True
 
 
-__all__ = ["PATTERNS", "Attr", "Hit", "Miss", "Site", "graph_pass", "register_pattern"]
+__all__ = ["PATTERNS", "Attr", "Hit", "Miss", "Site", "graph_pass", "register_leaf",
+           "register_pattern"]

@@ -2,10 +2,11 @@
 
 The whole model is traced first (a failed trace is tried once more with buffers as graph
 values rather than real tensors; optional arguments a forward branches on are fixed to their
-defaults and checked at call time: fx/specialise.py). Where symbolic tracing fails (data-dependent control flow,
-iterating a Proxy, ...) each child is traced on its own, then the parent is tried again with the
-children that failed kept as opaque leaves; a module that still fails is a `fx_fallback` note
-and only its submodules (and the module-level rules) are matched. Standard torch.nn modules,
+defaults, and the calls that pass them get a graph of their own: fx/specialise.py). Where
+symbolic tracing fails (data-dependent control flow, iterating a Proxy, ...) each child is
+traced on its own, then the parent is tried again with the children that failed kept as
+opaque leaves; a module that still fails is a `fx_fallback` note and only its submodules (and
+the module-level rules) are matched. Standard torch.nn modules,
 the fuser's own FusedModules and modules with hooks are leaves (inlining a hooked module would
 skip its hooks).
 
@@ -24,7 +25,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import specialise, torch_modules
+from fusebench.fuse.fx import leaves, specialise, torch_modules
+from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
 
@@ -33,7 +35,8 @@ CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 class _Tracer(fx.Tracer):
     def __init__(self, opaque: set[int], buffers: bool = False):
-        super().__init__()
+        # shape helpers (einops, a user's registered ones) become one node each: fx/leaves.py
+        super().__init__(autowrap_modules=leaves.modules(), autowrap_functions=leaves.functions())
         self.opaque = opaque
         self.proxy_buffer_attributes = buffers
 
@@ -41,12 +44,41 @@ class _Tracer(fx.Tracer):
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
                 or super().is_leaf_module(m, qualname) or _std_leaf(m))
 
+    def iter(self, obj: fx.Proxy):
+        """fx unpacks a Proxy only as `a, b, c = p`; `map(f, x.chunk(3, -1))` (lucidrains'
+        q, k, v), `*parts` and `for t in parts` iterate it. A chunk into a constant count, or
+        a split into listed sizes, has that many parts: iterate those, with a check at run
+        time (chunk makes fewer where the size does not divide: 4 into 3 gives 2)."""
+        count = _parts(obj.node)
+        if count is None:
+            return super().iter(obj)
+        self.create_proxy("call_function", has_parts, (obj, count), {})
+        return iter([obj[i] for i in range(count)])
+
+
+def _parts(n: fx.Node) -> int | None:
+    """How many tensors a chunk / split node returns, where the code fixes it."""
+    if N.op(n) == "chunk":
+        count = N.arg(n, 1, "chunks")
+        return count if type(count) is int else None
+    if N.op(n) == "split":
+        sizes = N.arg(n, 1, "split_size_or_sections", n.kwargs.get("split_size"))
+        return len(sizes) if isinstance(sizes, (list, tuple)) else None
+    return None
+
+
+def has_parts(parts, count: int) -> None:
+    if len(parts) != count:
+        raise RuntimeError(f"fused graph traced for {count} chunks; this input gives "
+                           f"{len(parts)} (chunk makes fewer where the size does not divide)")
+
 
 def _std_leaf(m: nn.Module) -> bool:
-    """A FusedModule, a torch.nn layer, or a subclass of one that keeps its forward (a leaf
-    like the layer, so that its node is the layer's: fx/nodes.op); not the torch.nn
-    transformers, which stay leaves in a parent's trace but are walked into (torch_modules)."""
-    if isinstance(m, FusedModule):
+    """A FusedModule, a leaf by fx/leaves.py, a torch.nn layer, or a subclass of one that
+    keeps its forward (a leaf like the layer, so that its node is the layer's: fx/nodes.op);
+    not the torch.nn transformers, which stay leaves in a parent's trace but are walked into
+    (torch_modules)."""
+    if isinstance(m, (FusedModule, *leaves.module_types())):
         return True
     if torch_modules.seen_into(m):
         return False
@@ -127,13 +159,15 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
                                        f"which a traced graph would not do")
                 return graph
             try:
-                graph, fixed = specialise.traced(attempt, root.forward)
+                variants = specialise.traced(attempt, root.forward)
             except Exception as e:                   # noqa: BLE001 - any trace failure
                 first = first or e
                 continue
-            gm = fx.GraphModule(m, graph)
-            gm.fusebench_fixed = (inspect.signature(root.forward), fixed)
-            return gm
+            gms = [fx.GraphModule(m, graph) for graph, _ in variants]
+            for i, (gm, (_, key)) in enumerate(zip(gms, variants)):
+                gm.fusebench_fixed = (inspect.signature(root.forward), key)
+                gm.fusebench_variant = i
+            return gms
         return first
 
     def below(path, m):
@@ -153,20 +187,20 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
             kept.setdefault((type(m).__name__, why), []).append(path or "the model")
             memo[id(m)] = []
             return []
-        gm = trace(m)
-        if not isinstance(gm, fx.GraphModule):
+        gms = trace(m)
+        if not isinstance(gms, list):
             roots = below(path, m)                   # marks untraceable children opaque
             retry = trace(m)
-            if not isinstance(retry, fx.GraphModule):
+            if not isinstance(retry, list):
                 opaque.add(id(m))
-                if gm is not None:
-                    key = (type(m).__name__, first_line(gm, 200))
+                if gms is not None:
+                    key = (type(m).__name__, first_line(gms, 200))
                     failed.setdefault(key, []).append(path or "the model")
                 memo[id(m)] = roots
                 return roots
-            gm = retry
-        out = [(path, m, gm)]
-        for n in gm.graph.nodes:                     # custom leaves: opaque or hooked modules
+            gms = retry
+        out = [(path, m, gm) for gm in gms]
+        for n in (n for gm in gms for n in gm.graph.nodes):   # custom leaves: opaque, hooked
             if n.op == "call_module":
                 sub = m.get_submodule(n.target)
                 if not _std_leaf(sub) and sub is not m:
@@ -186,16 +220,20 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     return roots
 
 
-def install(m: nn.Module, gm: fx.GraphModule) -> None:
-    """Run gm's generated code as m's forward (m's own attributes; see the module docstring)."""
-    gm.recompile()
-    for n in gm.graph.nodes:         # tensor constants fx lifted out of the code live on gm
-        if n.op == "get_attr" and "." not in n.target and not hasattr(m, n.target):
-            object.__setattr__(m, n.target, getattr(gm, n.target))
-    code, traced_training = type(gm).forward, m.training
-    signature, fixed = getattr(gm, "fusebench_fixed", (None, {}))
-    if fixed:                        # optional arguments the trace fixed (fx/specialise.py)
-        code = specialise.guarded(code, signature, fixed, type(m).forward)
+def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
+    """Run the code of m's traced graphs (one per variant: fx/specialise.py) as m's forward
+    (m's own attributes; see the module docstring)."""
+    variants = []
+    for gm in sorted(gms, key=lambda g: getattr(g, "fusebench_variant", 0)):
+        gm.recompile()
+        for n in gm.graph.nodes:     # tensor constants fx lifted out of the code live on gm
+            if n.op == "get_attr" and "." not in n.target and not hasattr(m, n.target):
+                object.__setattr__(m, n.target, getattr(gm, n.target))
+        signature, key = getattr(gm, "fusebench_fixed", (None, {}))
+        variants.append((key, type(gm).forward))
+    code, traced_training = variants[0][1], m.training
+    if variants[0][0]:               # optional arguments the trace fixed (fx/specialise.py)
+        code = specialise.guarded(variants, signature, type(m).forward)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
