@@ -34,14 +34,8 @@ from paired_rounds import alternate, ratio_ci, saved_bytes  # noqa: E402
 
 from fusebench.fuse import ORDER, fuse, graph_order  # noqa: E402
 
-SIZES = {   # (SpatialTransformer kwargs, latent sides, ViT kwargs, batch)
-    "bench": (dict(channels=320, heads=8, dim_head=40, context_dim=768), (16, 32),
-              dict(image_size=224, patch_size=16, dim=192, depth=4, heads=3, dim_head=64,
-                   mlp_dim=768, num_classes=1000), 8),
-    "tiny": (dict(channels=32, heads=2, dim_head=16, context_dim=24), (4,),
-             dict(image_size=16, patch_size=4, dim=32, depth=1, heads=2, dim_head=16,
-                  mlp_dim=64), 2),
-}
+LATENTS = {"bench": (16, 32), "tiny": (4,)}
+BATCH = {"bench": 8, "tiny": 2}
 
 
 def _step(model, inputs, loss):
@@ -70,24 +64,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--size", default="bench", choices=sorted(SIZES))
+    ap.add_argument("--size", default="bench", choices=sorted(LATENTS))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sd, sides, vit, batch = SIZES[args.size]
     print(f"threads {args.threads}; load {os.getloadavg()[0]:.2f}")
-    g = torch.Generator().manual_seed(0)
-    for side in sides:
+    for side in LATENTS[args.size]:
         torch.manual_seed(0)
-        model = E.SpatialTransformer(**sd)
-        x = torch.randn(2, sd["channels"], side, side, generator=g)
-        context = torch.randn(2, 77, sd["context_dim"], generator=g)
+        model = E.make_sd(args.size, latent=side)
         compare(f"SpatialTransformer, b2, {side}x{side} latent ({side * side} tokens)", model,
-                (x, context), lambda y: y.square().mean(), args.rounds)
+                model.example_inputs(2, "cpu", torch.float32),
+                lambda y: y.square().mean(), args.rounds)
     torch.manual_seed(0)
-    model = E.ViT(**vit)
-    img = torch.randn(batch, 3, vit["image_size"], vit["image_size"], generator=g)
-    labels = torch.randint(0, vit.get("num_classes", 10), (batch,), generator=g)
-    compare(f"ViT, b{batch}", model, (img,), lambda y: F.cross_entropy(y, labels), args.rounds)
+    model, batch = E.make_vit(args.size), BATCH[args.size]
+    labels = torch.randint(0, model.mlp_head.out_features, (batch,),
+                           generator=torch.Generator().manual_seed(0))
+    compare(f"ViT, b{batch}", model, model.example_inputs(batch, "cpu", torch.float32),
+            lambda y: F.cross_entropy(y, labels), args.rounds)
     print(f"load after {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -8,11 +8,12 @@ memory-efficient kernel.
     python scripts/gpu_sites.py [--device cuda] [--size tiny|bench]
 
 Per model (tests/assets: torch.nn encoder layers with dropout 0.1, nn.Transformer seq2seq,
-torchvision's ViT with attention dropout, the nanoGPT-like GPT, the written-out attention
-spellings): eager and fused copies (one seed) take one float32 step each from the same RNG
-state; the line gives the sites, the largest output and gradient errors (each gradient scaled
-by the largest one), the SDPA backward that ran, and ok / MISMATCH; then both under bf16
-autocast against float32 eager: fused no more than twice eager's own error. Exit 1 when a
+torchvision's ViT with attention dropout, the nanoGPT-like GPT, Stable Diffusion's einsum
+attention and lucidrains' ViT (einops), the written-out attention spellings): eager and fused
+copies (one seed) take one float32 step each from the same RNG state; the line gives the
+sites, the largest output and gradient errors (each gradient scaled by the largest one), the
+SDPA backward that ran, and ok / MISMATCH; then both under bf16 autocast against float32
+eager: fused no more than twice eager's own error. Exit 1 when a
 model fails either."""
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def models(size: str) -> dict:
         "tv_vit_dropout": lambda: tv_vit.make(size=size, dropout=0.1, attention_dropout=0.1),
         "nano_gpt": lambda: nano_gpt.make(size=size),
     }
+    try:                    # a test extra: the device image may lack it (gpu_wheels.sh carries it)
+        from assets import einops_models
+    except ImportError as e:
+        print(f"sd_spatial_transformer, lucidrains_vit: not checked ({e})")
+    else:
+        out["sd_spatial_transformer"] = lambda: einops_models.make_sd(size)   # (b h) heads
+        out["lucidrains_vit"] = lambda: einops_models.make_vit(size)
     for name, cls in attention_spellings.SPELLINGS.items():
         out[f"attention_{name}"] = cls
     return out

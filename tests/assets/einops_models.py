@@ -92,14 +92,24 @@ class BasicTransformerBlock(nn.Module):
 class SpatialTransformer(nn.Module):
     """Image features (B, C, H, W), and a context (B, T, context_dim) to attend to."""
 
-    def __init__(self, channels=32, heads=4, dim_head=8, depth=1, context_dim=24):
+    def __init__(self, channels=32, heads=4, dim_head=8, depth=1, context_dim=24, latent=8):
         super().__init__()
+        self.latent = latent
         inner = heads * dim_head
         self.norm = nn.GroupNorm(8, channels, eps=1e-6)
         self.proj_in = nn.Conv2d(channels, inner, 1)
         self.transformer_blocks = nn.ModuleList(
             BasicTransformerBlock(inner, heads, dim_head, context_dim) for _ in range(depth))
         self.proj_out = nn.Conv2d(inner, channels, 1)
+        self.to_k_width = context_dim or inner
+
+    def example_inputs(self, batch_size: int, device, dtype):
+        """A (latent x latent) latent and a 77-token context."""
+        g = torch.Generator().manual_seed(0)
+        side = self.latent
+        x = torch.randn(batch_size, self.proj_out.out_channels, side, side, generator=g)
+        context = torch.randn(batch_size, 77, self.to_k_width, generator=g)
+        return x.to(device, dtype), context.to(device, dtype)
 
     def forward(self, x, context=None):
         b, c, h, w = x.shape
@@ -165,6 +175,12 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim)
         self.mlp_head = nn.Linear(dim, num_classes)
+        self.image_size = image_size
+
+    def example_inputs(self, batch_size: int, device, dtype):
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(batch_size, 3, self.image_size, self.image_size,
+                            generator=g).to(device, dtype),)
 
     def forward(self, img):
         x = self.to_patch_embedding(img)
@@ -174,3 +190,21 @@ class ViT(nn.Module):
         x = x + self.pos_embedding[:, :(n + 1)]
         x = self.transformer(x)
         return self.mlp_head(x[:, 0])
+
+
+SIZES = {   # "bench": Stable Diffusion v1's first level; ViT-Tiny's width, 4 layers
+    "sd": {"bench": dict(channels=320, heads=8, dim_head=40, context_dim=768),
+           "tiny": dict(channels=32, heads=2, dim_head=16, context_dim=24)},
+    "vit": {"bench": dict(image_size=224, patch_size=16, dim=192, depth=4, heads=3,
+                          dim_head=64, mlp_dim=768, num_classes=1000),
+            "tiny": dict(image_size=16, patch_size=4, dim=32, depth=1, heads=2, dim_head=16,
+                         mlp_dim=64)},
+}
+
+
+def make_sd(size: str | None = None, **kw):
+    return SpatialTransformer(**{**SIZES["sd"][size], **kw}) if size else SpatialTransformer(**kw)
+
+
+def make_vit(size: str | None = None, **kw):
+    return ViT(**{**SIZES["vit"][size], **kw}) if size else ViT(**kw)
