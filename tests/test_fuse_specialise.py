@@ -183,3 +183,29 @@ def test_a_flag_default_now_traces_and_a_passed_mask_stays_an_argument(site_call
         y, h = model(x, return_features=True)
     torch.testing.assert_close(h, ref(x, return_features=True)[1])
     assert site_calls == {"fused_mlp": 3}
+
+
+class Kwargs(nn.Module):
+    """HF's way: named optional arguments beside **kwargs (`attention_mask=None, **kwargs`).
+    A **kwargs used to turn the fixing off, so the Proxy graph took `x * scale` and a call
+    without a scale crashed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x, scale=None, **kwargs):
+        y = self.fc2(F.gelu(self.fc1(x)))
+        return y if scale is None else y * scale
+
+
+def test_a_forward_with_kwargs_gets_its_graphs_too(site_calls):
+    model = Kwargs().double()
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    x, s = (torch.randn(3, 8, dtype=torch.float64) for _ in range(2))
+    for args, kwargs in (((x,), {}), ((x, s), {}), ((x,), {"scale": s}),
+                         ((x,), {"scale": None, "output_attentions": False}),
+                         ((x, s), {"use_cache": True})):
+        torch.testing.assert_close(model(*args, **kwargs), ref(*args, **kwargs))
+    assert site_calls == {"fused_mlp": 5}

@@ -39,10 +39,11 @@ _warned: set[str] = set()
 
 
 def defaults(fn) -> dict[str, object]:
-    """fn's parameters with a None or constant default; {} where it takes *args / **kwargs
-    (a call cannot then be matched to names)."""
+    """fn's parameters with a None or constant default; {} where it takes *args (fx's code
+    then moves keyword-only parameters before *args: a call could not be passed on as made).
+    A **kwargs does not stop it: HF's forwards take one beside `attention_mask=None`."""
     params = inspect.signature(fn).parameters.values()
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
         return {}
     return {p.name: p.default for p in params if p.default is not p.empty
             and (p.default is None or type(p.default) in CONSTANTS)}
@@ -166,16 +167,17 @@ def _fits(value, want) -> bool:
 
 def guarded(variants: list[tuple[dict, Callable]], signature: inspect.Signature,
             own) -> Callable:
-    """fn(self, *args, **kwargs): the first variant's code whose key the call fits (passed
-    on without the fixed arguments: fx renamed them), else `own` (the class's forward)."""
+    """fn(self, *args, **kwargs): the first variant's code whose key the call fits, else `own`
+    (the class's forward). The call is passed on as made, less the fixed arguments given by
+    name (fx renamed those; each has its default there, the value the key asked for)."""
     params = signature.parameters
 
     def run(self, *args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
         for key, code in variants:
             if all(_fits(bound.get(k, params[k].default), v) for k, v in key.items()):
-                return code(self, **{k: v for k, v in bound.items()
-                                     if key.get(k, GIVEN) is GIVEN})
+                return code(self, *args, **{k: v for k, v in kwargs.items()
+                                            if key.get(k, GIVEN) is GIVEN})
         off = [k for k in variants[0][0] if not any(
             _fits(bound.get(k, params[k].default), key[k]) for key, _ in variants)]
         name = type(self).__qualname__
