@@ -8,8 +8,9 @@ memory-efficient kernel.
     python scripts/gpu_sites.py [--device cuda] [--size tiny|bench]
 
 Per model (tests/assets: torch.nn encoder layers with dropout 0.1, nn.Transformer seq2seq,
-torchvision's ViT with attention dropout, the nanoGPT-like GPT, Stable Diffusion's einsum
-attention and lucidrains' ViT (einops), the written-out attention spellings): eager and fused
+torchvision's ViT with attention dropout, the nanoGPT-like GPT, a Swin stage, Stable
+Diffusion's einsum attention and lucidrains' ViT (einops), the written-out attention
+spellings): eager and fused
 copies (one seed) take one float32 step each from the same RNG state; the line gives the
 sites, the largest output and gradient errors (each gradient scaled by the largest one), the
 SDPA backward that ran, and ok / MISMATCH; then both under bf16 autocast against float32
@@ -32,7 +33,7 @@ TOL = 1e-4                  # float32, fused against eager
 
 
 def models(size: str) -> dict:
-    from assets import attention_spellings, nano_gpt, torch_transformer, tv_vit
+    from assets import attention_spellings, nano_gpt, swin, torch_transformer, tv_vit
     out = {
         "torch_encoder_dropout": lambda: torch_transformer.make(size=size, dropout=0.1,
                                                                 norm_first=True,
@@ -40,6 +41,7 @@ def models(size: str) -> dict:
         "torch_seq2seq_dropout": lambda: torch_transformer.make_seq2seq(size=size, dropout=0.1),
         "tv_vit_dropout": lambda: tv_vit.make(size=size, dropout=0.1, attention_dropout=0.1),
         "nano_gpt": lambda: nano_gpt.make(size=size),
+        "swin_stage": swin.SwinStage,       # learned bias + windowed mask: CUDA takes its grad
     }
     try:                    # a test extra: the device image may lack it (gpu_wheels.sh carries it)
         from assets import einops_models

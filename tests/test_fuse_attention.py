@@ -302,3 +302,74 @@ def test_the_causal_mask_becomes_is_causal(kind, causal, monkeypatch, site_calls
     assert fuse(model, "train").sites == {"attention": 1}
     assert_matches_eager(model, ref, (tokens(),))
     assert calls == [(causal, causal)]
+
+
+def _swin(dtype=torch.float64):
+    from assets import swin
+    torch.manual_seed(0)
+    model = swin.SwinStage().to(dtype)
+    return model, model.example_inputs(2, "cpu", dtype)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_swin_window_attention_with_and_without_the_shifted_mask(site_calls, frozen):
+    """Official Swin's WindowAttention: the relative position bias an additive mask; in the
+    shifted block the mask added through the scores' 5-D view, `(attn.view(B_ // nW, nW,
+    heads, N, N) + mask).view(-1, heads, N, N)`, which SDPA takes as a (B_, 1, N, N) mask.
+    Both blocks' attentions are sites (each block is traced in parts: window_reverse's
+    `int()`). A learned bias takes a gradient, which SDPA's CPU kernels do not give: the site
+    runs the written ops, and says so; with the bias table frozen, SDPA's flash kernel."""
+    model, inputs = _swin()
+    if frozen:
+        for blk in model.blocks:
+            blk.attn.relative_position_bias_table.requires_grad_(False)
+    ref = copy.deepcopy(model)
+    res = fuse(model, "train")
+    assert res.sites["attention"] == 2 and res.sites["mlp"] == 2, res.sites
+    if frozen:
+        y, want = model(*inputs), ref(*inputs)
+        torch.testing.assert_close(y, want)
+        assert sum(type(n).__name__ == FLASH for n in autograd_nodes(y)) == 2
+        y.square().mean().backward()
+        want.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            if p.requires_grad:
+                torch.testing.assert_close(p.grad, q.grad, msg=name)
+    else:
+        with pytest.warns(UserWarning, match="a mask that takes a gradient"):
+            assert_matches_eager(model, ref, inputs)
+    assert site_calls["fused_attention"] == 2
+
+
+def test_swin_inference_runs_sdpa_on_both_masks(site_calls):
+    model, inputs = _swin(torch.float32)
+    model.eval()
+    ref = copy.deepcopy(model)
+    res = fuse(model, "infer")
+    with torch.no_grad():
+        torch.testing.assert_close(res.model(*inputs), ref(*inputs), atol=1e-5, rtol=1e-5)
+    assert site_calls["fused_attention"] == 2
+
+
+def test_a_windowed_mask_sdpa_cannot_take_runs_as_written():
+    """An integer mask (eager adds it to float scores): the site runs the code's ops."""
+    from assets import swin
+    torch.manual_seed(0)
+    attn = swin.WindowAttention(swin.DIM, swin.WINDOW, swin.HEADS).double().eval()
+    ref = copy.deepcopy(attn)
+    res = fuse(attn, "infer")
+    n = swin.WINDOW ** 2
+    x = torch.randn(8, n, swin.DIM, dtype=torch.float64)
+    mask = torch.randint(-100, 1, (4, n, n))
+    with torch.no_grad(), pytest.warns(UserWarning, match="a windowed mask that is not float"):
+        y = res.model(x, mask=mask)
+    torch.testing.assert_close(y, ref(x, mask=mask))
+
+
+@pytest.mark.slow
+def test_the_learned_mask_benchmark_runs_at_a_tiny_size(capsys):
+    from tests.helpers import load_benchmark
+    bench = load_benchmark("learned_mask")
+    assert bench.main(["--rounds", "2", "--batch", "8", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(B 8, H 3, N 49, D 32)" in out and "sdpa/written" in out, out

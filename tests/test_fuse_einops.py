@@ -12,11 +12,8 @@ import einops
 import pytest
 import torch
 import torch.fx as fx
-import torch.nn as nn
-import torch.nn.functional as F
 
 from fusebench.fuse import fuse
-from fusebench.fuse.fx import leaves
 from fusebench.fuse.fx.products import product
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -140,61 +137,6 @@ def test_lucidrains_vit_fuses_after_rearrange_and_a_mapped_chunk(site_calls):
     _no_fallback(res)
     assert res.sites["attention"] == 2 and res.sites["mlp"] == 2, res.sites
     assert site_calls["fused_attention"] == 2 and site_calls["fused_mlp"] == 2
-
-
-class Chunky(nn.Module):
-    """`for t in x.chunk(3, -1)`: three parts of 2 for 6 wide, two of 2 for 4 wide."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(2, 16), nn.Linear(16, 2)
-
-    def forward(self, x):
-        return torch.cat([self.fc2(F.gelu(self.fc1(t))) for t in x.chunk(3, dim=-1)], -1)
-
-
-def test_iterating_a_chunk_is_checked_at_run_time(site_calls):
-    model = Chunky()
-    ref = copy.deepcopy(model)
-    assert fuse(model, "train").sites["mlp"] == 3
-    x = torch.randn(2, 6)
-    torch.testing.assert_close(model(x), ref(x))
-    assert site_calls["fused_mlp"] == 3
-    with pytest.raises(RuntimeError, match="traced for 3 chunks; this input gives 2"):
-        model(torch.randn(2, 4))
-
-
-def split_heads(t, h):
-    """A user's own shape helper: Python on t.shape, which a Proxy stops."""
-    b, n, width = t.shape
-    if width % h:
-        raise ValueError("the heads do not divide the width")
-    return t.reshape(b, n, h, width // h).transpose(1, 2)
-
-
-class Uses(nn.Module):
-    def forward(self, x):
-        return split_heads(x, 2) * 2
-
-
-def test_a_registered_function_is_one_node():
-    from fusebench.fuse.fx.trace import _Tracer
-    with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
-        _Tracer(set()).trace(Uses())
-    leaves.register_leaf(split_heads)
-    try:
-        gm = fx.GraphModule(Uses(), _Tracer(set()).trace(Uses()))
-    finally:
-        leaves._FUNCTIONS.remove(split_heads)
-    assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] is split_heads
-    x = torch.randn(2, 3, 4)
-    torch.testing.assert_close(gm(x), Uses()(x))
-
-
-def test_register_leaf_takes_a_function_or_a_module_class():
-    from fusebench.errors import UsageError
-    with pytest.raises(UsageError, match="neither a function nor an nn.Module class"):
-        leaves.register_leaf(3)
 
 
 @pytest.mark.slow

@@ -25,10 +25,15 @@ Reasons, not sites: the scores or probabilities used elsewhere (returned weights
 masked_fill_), a live dropout on the probabilities (SDPA would draw its own mask: the
 correctness check could not compare; on CPU it runs its math path anyway), a scale that is a
 tensor, a scale applied after the mask, ops between the matmul and the softmax SDPA does not
-compute (a relative-position bias reshaped in between, clamps). At run time, input SDPA does
-not take as the code wrote it (q, k, v batch dims that broadcast against each other, a mask
-that widens the scores, an additive mask in another dtype) runs the attention as written,
-with a warning."""
+compute (clamps). At run time, input SDPA does not take as the code wrote it (q, k, v batch
+dims that broadcast against each other, a mask that widens the scores, an additive mask in
+another dtype; on CPU, a mask that takes a gradient: a learned relative-position bias, which
+SDPA's CPU kernels leave to its slower math path) runs the attention as written, with a
+warning.
+
+Swin's shifted-window mask is added through a 5-D view of the scores and viewed back,
+`(s.view(B_ // nW, nW, heads, N, N) + m).view(-1, heads, N, N)`: the same for every head, it
+is the additive mask m broadcast to (B_ // nW, nW, 1, N, N) and viewed (B_, 1, N, N)."""
 from __future__ import annotations
 
 import math
@@ -48,6 +53,18 @@ CASTS_BACK = ("to", "type", "type_as")
 _ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
           operator.pow, operator.neg}
 _SEARCH = 6                 # ops walked up from a softmax looking for q @ k^T
+VIEWS = ("view", "reshape")
+# SDPA's CPU kernels take no mask gradient: it runs its math path, which took 1.29-1.31x the
+# written ops' time (Swin-T's windows, 512 x 3 heads x 49 tokens, fwd+bwd, 2 threads);
+# CUDA's memory-efficient kernel does take one
+LEARNED_MASK = ("a mask that takes a gradient (a learned bias) on CPU: its math path would "
+                "run, slower than these ops")
+
+
+def _view_args(n: fx.Node) -> tuple:
+    """The shape a view / reshape node asks for, as its arguments give it."""
+    rest = n.args[1:] or (n.kwargs.get("size", n.kwargs.get("shape")),)
+    return tuple(rest[0]) if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
 
 
 def _shape_of(n) -> bool:
@@ -146,6 +163,15 @@ class _Scores:
                 self.nodes.append(s)
                 s = scaled[0]
                 continue
+            window = self._window(s)
+            if window is not None:
+                if self.factors:
+                    return "the scores are scaled after the mask"
+                self.masks.insert(0, ("window", window[1], None))
+                self.nodes.extend(window[2])
+                s = window[0]
+                masked = True
+                continue
             if N.op(s) == "add":
                 added = self._added(s)
                 if isinstance(added, str):
@@ -173,6 +199,19 @@ class _Scores:
                     and a not in b.all_input_nodes and b is not a:
                 return a, b
         return "an add between q @ k^T and the softmax that is not a mask"
+
+    def _window(self, s):
+        """Swin's shifted-window mask, added through a 5-D view of the scores and viewed back:
+        `(s.view(B // nW, nW, heads, N, N) + m).view(-1, heads, N, N)` -> (the scores,
+        (m, 5-D shape, shape back), the three nodes); None when s is no such view."""
+        if N.op(s) not in VIEWS or N.op(N.x_of(s)) != "add" or not _sole_use(N.x_of(s), s):
+            return None
+        add = N.x_of(s)
+        for a, m in N.commuted(add, "add"):
+            if N.op(a) in VIEWS and _sole_use(a, add) and isinstance(m, fx.Node) \
+                    and _reaches_matmul(N.x_of(a)) and not _reaches_matmul(m):
+                return N.x_of(a), (m, _view_args(a), _view_args(s)), (s, add, a)
+        return None
 
     def _operands(self, mm):
         if self.nodes and not _sole_use(mm, self.nodes[-1]):
@@ -257,6 +296,8 @@ def _not_taken(q, k, v, masks, kinds, dim) -> str | None:
         return "q, k, v of different dtypes"
     scores = (*q.shape[:-1], k.shape[-2])
     for m, kind in zip(masks, kinds):
+        if kind == "window":
+            continue                    # _unwindowed's
         if kind == "add" and not (m.is_floating_point() and m.dtype in (q.dtype, torch.float32)):
             return f"an additive mask of dtype {m.dtype}"
         try:
@@ -266,6 +307,38 @@ def _not_taken(q, k, v, masks, kinds, dim) -> str | None:
         if wide:
             return f"a mask of shape {tuple(m.shape)} that does not broadcast to the scores"
     return None
+
+
+def _unwindowed(masks: tuple, kinds: tuple, scores: tuple):
+    """(masks, kinds) with each windowed mask (Swin's, `_Scores._window`) as the additive mask
+    it is on the scores: where the 5-D view splits the batch into (B // nW, nW) and the mask
+    is the same for every head, m broadcast to (B // nW, nW, 1, N, N) and viewed (B, 1, N, N)
+    (a head's share of the scores, not all of them). A reason for anything else."""
+    out = []
+    for m, kind in zip(masks, kinds):
+        if kind != "window":
+            out.append(m)
+            continue
+        m, shape, back = m
+        try:
+            five = torch.empty(scores, device="meta").view(shape).shape
+            same = torch.empty(five, device="meta").view(back).shape == scores
+        except RuntimeError:
+            return "a windowed mask whose views do not fit the scores"
+        if not (same and len(scores) == 4 and len(five) == 5 and five[2:] == scores[1:]
+                and m.dim() <= 5):
+            return "a windowed mask other than over (batch // windows, windows, heads, L, S)"
+        m = m.reshape((1,) * (5 - m.dim()) + tuple(m.shape))
+        if not m.is_floating_point():
+            return "a windowed mask that is not floating point"
+        if m.shape[2] != 1:
+            return "a windowed mask that differs per head"
+        try:
+            full = m.expand(five[0], five[1], 1, *five[3:])
+        except RuntimeError:
+            return f"a windowed mask of shape {tuple(m.shape)} that does not broadcast"
+        out.append(full.reshape(scores[0], 1, *scores[2:]))
+    return tuple(out), tuple("add" if k == "window" else k for k in kinds)
 
 
 def _causal_only(masks, causal: tuple, q, k) -> bool:
@@ -284,11 +357,15 @@ def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bo
     as eager's matmul laid it out (a view), so lay it out that way; causal: per mask, whether
     the code builds the causal pattern (then SDPA's is_causal where the shapes allow);
     k_rows: the second argument is k itself (an einsum over d), not k^T."""
-    def manual(q, kt, v, scale, masks, cast_target):
+    def manual(q, kt, v, scale, masks, cast_target):     # the code's own ops
         s = torch.matmul(q, kt.transpose(-2, -1) if k_rows else kt)
         s = s * scale if scale != 1.0 else s
         for m, kind, value in zip(masks, kinds, values):
-            s = s + m if kind == "add" else s.masked_fill(m, value)
+            if kind == "window":
+                m, shape, back = m
+                s = (s.view(shape) + m).view(back)
+            else:
+                s = s + m if kind == "add" else s.masked_fill(m, value)
         p = F.softmax(s.float() if up else s, dim=dim)
         return torch.matmul(p.to(_dtype_of(cast_target, q)) if cast else p, v)
 
@@ -299,13 +376,23 @@ def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bo
         if up and q.dtype == torch.float64:     # the code's float32 softmax: compute it
             return manual(q, kt, v, scale, masks, cast_target)
         why = _not_taken(q, k, v, masks, kinds, dim)
+        sdpa_masks, sdpa_kinds = masks, kinds       # Swin's windowed masks as additive ones
+        if why is None and "window" in kinds:
+            got = _unwindowed(masks, kinds, (*q.shape[:-1], k.shape[-2]))
+            if isinstance(got, str):
+                why = got
+            else:
+                sdpa_masks, sdpa_kinds = got
+        if why is None and q.device.type == "cpu" and torch.is_grad_enabled() and any(
+                m.requires_grad for m in sdpa_masks if isinstance(m, torch.Tensor)):
+            why = LEARNED_MASK
         if why is None and cast and want != q.dtype:
             why = f"probabilities cast to {want} for q of {q.dtype}"
         if why is not None:
             warnings.warn(f"attention: SDPA does not take {why}; ran the attention as written")
             return manual(q, kt, v, scale, masks, cast_target)
-        is_causal = _causal_only(masks, causal, q, k)
-        mask = None if is_causal else _mask(masks, kinds)
+        is_causal = _causal_only(sdpa_masks, causal, q, k)
+        mask = None if is_causal else _mask(sdpa_masks, sdpa_kinds)
         three = q.dim() == 3            # (B*H, L, D): SDPA's flash kernel wants heads apart
         if three:
             q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
@@ -384,7 +471,8 @@ def attention(n, scope):
                           N.op(cast) if cast is not None else None,
                           contiguous=N.op(out_user) not in ("transpose", "permute"),
                           causal=tuple(causal.fill_is_causal(m) if k == "fill" else
-                                       causal.add_is_causal(m) for k, m, _ in scores.masks),
+                                       k == "add" and causal.add_is_causal(m)
+                                       for k, m, _ in scores.masks),
                           k_rows=scores.k_rows)
     args = (*qk, v, tuple(f for f, _ in scores.factors), tuple(m for _, m, _ in scores.masks),
             _cast_target(cast) if cast is not None else None)

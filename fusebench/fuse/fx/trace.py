@@ -16,7 +16,9 @@ as FSDP needs). While the module's training flag differs from the one it was tra
 specialises `self.training` branches), the class's own forward runs instead."""
 from __future__ import annotations
 
+import bisect
 import contextlib
+import dis
 import inspect
 import types
 
@@ -44,6 +46,21 @@ class _Tracer(fx.Tracer):
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
                 or super().is_leaf_module(m, qualname) or _std_leaf(m))
 
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        """`assert L == H * W` on traced values (Swin's blocks, MAE's patchify, research code
+        generally) stopped the trace: a Proxy has no truth value. Where the truth value is
+        asked by an assert, the graph checks it at run time (torch._assert raises the same
+        AssertionError eager would) and tracing goes on past it. fx's own trace_asserts reads
+        the bytecode of Python <= 3.10 only. An `if` on a traced value still fails."""
+        user = inspect.currentframe().f_back.f_back          # to_bool <- Proxy.__bool__ <- code
+        if user is not None and _asserts(user):
+            where = f"{user.f_code.co_filename.rsplit('/', 1)[-1]}:{user.f_lineno}"
+            self.create_proxy("call_function", torch._assert,
+                              (obj, f"assertion failed at {where} (checked in the fused graph)"),
+                              {})
+            return True
+        return super().to_bool(obj)
+
     def iter(self, obj: fx.Proxy):
         """fx unpacks a Proxy only as `a, b, c = p`; `map(f, x.chunk(3, -1))` (lucidrains'
         q, k, v), `*parts` and `for t in parts` iterate it. A chunk into a constant count, or
@@ -54,6 +71,20 @@ class _Tracer(fx.Tracer):
             return super().iter(obj)
         self.create_proxy("call_function", has_parts, (obj, count), {})
         return iter([obj[i] for i in range(count)])
+
+
+def _asserts(frame) -> bool:
+    """The instruction frame is at (or the one after it: Python 3.13 coerces in COMPARE_OP)
+    jumps when true over code that raises AssertionError: an `assert`."""
+    code = list(dis.get_instructions(frame.f_code))
+    i = bisect.bisect_left(code, frame.f_lasti, key=lambda ins: ins.offset)
+    for at in (i, i + 1):
+        if at + 1 < len(code) and "JUMP" in code[at].opname \
+                and code[at].opname.endswith("IF_TRUE"):
+            nxt = code[at + 1]
+            return nxt.opname == "LOAD_ASSERTION_ERROR" or (
+                nxt.opname == "LOAD_GLOBAL" and nxt.argval == "AssertionError")
+    return False
 
 
 def _parts(n: fx.Node) -> int | None:

@@ -1,0 +1,105 @@
+"""Tracing beyond what torch.fx takes by itself (fuse/fx/trace.py, fx/leaves.py): iterating a
+chunk into a constant count, a user's shape helper registered as a leaf, an `assert` on traced
+values checked at run time. Each against eager, and each failure mode as eager's."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusebench.fuse import fuse
+from fusebench.fuse.fx import leaves
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import shape_asserts  # noqa: E402
+
+
+class Chunky(nn.Module):
+    """`for t in x.chunk(3, -1)`: three parts of 2 for 6 wide, two of 2 for 4 wide."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(2, 16), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return torch.cat([self.fc2(F.gelu(self.fc1(t))) for t in x.chunk(3, dim=-1)], -1)
+
+
+def test_iterating_a_chunk_is_checked_at_run_time(site_calls):
+    model = Chunky()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["mlp"] == 3
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(model(x), ref(x))
+    assert site_calls["fused_mlp"] == 3
+    with pytest.raises(RuntimeError, match="traced for 3 chunks; this input gives 2"):
+        model(torch.randn(2, 4))
+
+
+def split_heads(t, h):
+    """A user's own shape helper: Python on t.shape, which a Proxy stops."""
+    b, n, width = t.shape
+    if width % h:
+        raise ValueError("the heads do not divide the width")
+    return t.reshape(b, n, h, width // h).transpose(1, 2)
+
+
+class Uses(nn.Module):
+    def forward(self, x):
+        return split_heads(x, 2) * 2
+
+
+def test_a_registered_function_is_one_node():
+    from fusebench.fuse.fx.trace import _Tracer
+    with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
+        _Tracer(set()).trace(Uses())
+    leaves.register_leaf(split_heads)
+    try:
+        gm = fx.GraphModule(Uses(), _Tracer(set()).trace(Uses()))
+    finally:
+        leaves._FUNCTIONS.remove(split_heads)
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] is split_heads
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(gm(x), Uses()(x))
+
+
+def test_register_leaf_takes_a_function_or_a_module_class():
+    from fusebench.errors import UsageError
+    with pytest.raises(UsageError, match="neither a function nor an nn.Module class"):
+        leaves.register_leaf(3)
+
+
+def test_an_assert_on_traced_values_is_checked_in_the_graph(site_calls):
+    """Swin's `assert L == H * W` stopped the trace (a Proxy has no truth value): the model
+    fused nothing."""
+    model = shape_asserts.Asserts().double()
+    ref = copy.deepcopy(model)
+    res = fuse(model, "train")
+    assert dict(res.sites) == {"mlp": 1}
+    assert not [m for k, m in res.notes if k == "fx_fallback"], res.notes
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    torch.testing.assert_close(model(x), ref(x))
+    assert site_calls == {"fused_mlp": 1}
+    with pytest.raises(AssertionError, match="input feature has wrong size"):
+        ref(torch.randn(2, 5, 8, dtype=torch.float64))
+    with pytest.raises(AssertionError, match=r"assertion failed at shape_asserts.py:\d+"):
+        model(torch.randn(2, 5, 8, dtype=torch.float64))
+
+
+class Branches(nn.Module):
+    def forward(self, x):
+        if x.shape[-1] == 8:
+            return x * 2
+        return x
+
+
+def test_an_if_on_a_traced_value_still_fails_the_trace():
+    from fusebench.fuse.fx.trace import _Tracer
+    with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
+        _Tracer(set()).trace(Branches())
