@@ -132,7 +132,7 @@ class _Scores:
     """What lies between q @ k^T and the softmax, walked up from the softmax's input."""
 
     def __init__(self):
-        self.masks: list = []        # (kind "fill" / "add", mask node, fill value) in code order
+        self.masks: list = []        # (kind "fill" / "add" / "window", mask, fill value), in order
         self.factors: list = []      # (number node or constant, divides)
         self.nodes: list = []        # absorbed
         self.k_rows = False          # k given as (.., S, D) (an einsum), not k^T

@@ -6,9 +6,8 @@ defaults, and the calls that pass them get a graph of their own: fx/specialise.p
 symbolic tracing fails (data-dependent control flow, iterating a Proxy, ...) each child is
 traced on its own, then the parent is tried again with the children that failed kept as
 opaque leaves; a module that still fails is a `fx_fallback` note and only its submodules (and
-the module-level rules) are matched. Standard torch.nn modules,
-the fuser's own FusedModules and modules with hooks are leaves (inlining a hooked module would
-skip its hooks).
+the module-level rules) are matched. Standard torch.nn modules, the fuser's own FusedModules,
+modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are leaves.
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
@@ -74,17 +73,18 @@ class _Tracer(fx.Tracer):
 
 
 def _asserts(frame) -> bool:
-    """The instruction frame is at (or the one after it: Python 3.13 coerces in COMPARE_OP)
-    jumps when true over code that raises AssertionError: an `assert`."""
+    """The instruction frame is at jumps when true over code that raises AssertionError: an
+    `assert`. (Python 3.13 asks the truth value in COMPARE_OP / TO_BOOL, just before.)"""
     code = list(dis.get_instructions(frame.f_code))
     i = bisect.bisect_left(code, frame.f_lasti, key=lambda ins: ins.offset)
-    for at in (i, i + 1):
-        if at + 1 < len(code) and "JUMP" in code[at].opname \
-                and code[at].opname.endswith("IF_TRUE"):
-            nxt = code[at + 1]
-            return nxt.opname == "LOAD_ASSERTION_ERROR" or (
-                nxt.opname == "LOAD_GLOBAL" and nxt.argval == "AssertionError")
-    return False
+    if i < len(code) and code[i].opname in ("COMPARE_OP", "TO_BOOL"):
+        i += 1
+    if i + 1 >= len(code) or not (code[i].opname.startswith("POP_JUMP")
+                                  and code[i].opname.endswith("IF_TRUE")):
+        return False
+    nxt = code[i + 1]
+    return nxt.opname == "LOAD_ASSERTION_ERROR" or (
+        nxt.opname == "LOAD_GLOBAL" and nxt.argval == "AssertionError")
 
 
 def _parts(n: fx.Node) -> int | None:
