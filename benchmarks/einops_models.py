@@ -16,9 +16,7 @@ Measure on a quiet machine: the script prints the 1-minute load before and after
 from __future__ import annotations
 
 import argparse
-import copy
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,34 +28,18 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import einops_models as E  # noqa: E402
-from paired_rounds import alternate, ratio_ci, saved_bytes  # noqa: E402
-
-from fusebench.fuse import ORDER, fuse, graph_order  # noqa: E402
+from paired_rounds import against_site  # noqa: E402
 
 LATENTS = {"bench": (16, 32), "tiny": (4,)}
 BATCH = {"bench": 8, "tiny": 2}
 
 
-def _step(model, inputs, loss):
-    loss(model(*inputs)).backward()
-    for p in model.parameters():
-        p.grad = None
-
-
-def compare(name: str, eager, inputs, loss, rounds: int) -> None:
-    """eager, fused, and fused without the attention site, alternating."""
-    fused, before = copy.deepcopy(eager), copy.deepcopy(eager)
-    sites = fuse(fused, "train").sites
-    fuse(before, "train", only=[n for n in (*ORDER, *graph_order()) if n != "attention"])
-    models = {"eager": eager, "fused": fused, "no attention site": before}
-    t = alternate({k: (lambda m=m: _step(m, inputs, loss)) for k, m in models.items()}, rounds)
-    mib = {k: saved_bytes(m, *inputs) / 2**20 for k, m in models.items()}
-    print(f"{name} (sites {dict(sites)}):",
-          ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in t.items()))
-    for k in ("fused", "no attention site"):
-        print(f"  eager/{k} {ratio_ci(t['eager'], t[k])} over {rounds} rounds; saved for "
-              f"backward {mib[k]:.1f} vs eager's {mib['eager']:.1f} MiB "
-              f"({mib[k] / mib['eager']:.2f}x)", flush=True)
+def _stepper(loss):
+    def step(model, inputs):
+        loss(model(*inputs)).backward()
+        for p in model.parameters():
+            p.grad = None
+    return step
 
 
 def main(argv=None) -> int:
@@ -71,15 +53,15 @@ def main(argv=None) -> int:
     for side in LATENTS[args.size]:
         torch.manual_seed(0)
         model = E.make_sd(args.size, latent=side)
-        compare(f"SpatialTransformer, b2, {side}x{side} latent ({side * side} tokens)", model,
-                model.example_inputs(2, "cpu", torch.float32),
-                lambda y: y.square().mean(), args.rounds)
+        against_site(f"SpatialTransformer, b2, {side}x{side} latent ({side * side} tokens)",
+                     model, model.example_inputs(2, "cpu", torch.float32),
+                     _stepper(lambda y: y.square().mean()), args.rounds, "attention")
     torch.manual_seed(0)
     model, batch = E.make_vit(args.size), BATCH[args.size]
     labels = torch.randint(0, model.mlp_head.out_features, (batch,),
                            generator=torch.Generator().manual_seed(0))
-    compare(f"ViT, b{batch}", model, model.example_inputs(batch, "cpu", torch.float32),
-            lambda y: F.cross_entropy(y, labels), args.rounds)
+    against_site(f"ViT, b{batch}", model, model.example_inputs(batch, "cpu", torch.float32),
+                 _stepper(lambda y: F.cross_entropy(y, labels)), args.rounds, "attention")
     print(f"load after {os.getloadavg()[0]:.2f}")
     return 0
 

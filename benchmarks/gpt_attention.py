@@ -17,7 +17,6 @@ Measure on a quiet machine: the script prints the 1-minute load before and after
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import os
 import statistics
@@ -32,9 +31,8 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import nano_gpt  # noqa: E402
-from paired_rounds import alternate, ratio_ci, saved_bytes  # noqa: E402
+from paired_rounds import against_site, alternate, ratio_ci  # noqa: E402
 
-from fusebench.fuse import ORDER, fuse, graph_order  # noqa: E402
 
 
 def attention(batch: int, context: int, rounds: int, size: str) -> None:
@@ -71,7 +69,8 @@ def attention(batch: int, context: int, rounds: int, size: str) -> None:
           f"{ratio_ci(t['eager'], t['site'])} over {rounds} rounds", flush=True)
 
 
-def _step(model, idx):
+def _step(model, inputs):
+    idx, = inputs
     logits = model(idx)
     F.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
     for p in model.parameters():
@@ -82,19 +81,8 @@ def model_step(batch: int, rounds: int, size: str) -> None:
     """eager, fused, and fused without the attention site (what fused mode did before it)."""
     torch.manual_seed(0)
     eager = nano_gpt.make(size=size)
-    fused, before = copy.deepcopy(eager), copy.deepcopy(eager)
-    sites = fuse(fused, "train").sites
-    fuse(before, "train", only=[n for n in (*ORDER, *graph_order()) if n != "attention"])
-    idx, = eager.example_inputs(batch, "cpu", torch.float32)
-    models = {"eager": eager, "fused": fused, "no attention site": before}
-    t = alternate({k: (lambda m=m: _step(m, idx)) for k, m in models.items()}, rounds)
-    mib = {k: saved_bytes(m, idx) / 2**20 for k, m in models.items()}
-    print(f"nanoGPT-like {size} (sites {dict(sites)}), batch {batch} x {eager.context} tokens:",
-          ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in t.items()))
-    for k in ("fused", "no attention site"):
-        print(f"  eager/{k} {ratio_ci(t['eager'], t[k])} over {rounds} rounds; saved for "
-              f"backward {mib[k]:.1f} vs eager's {mib['eager']:.1f} MiB "
-              f"({mib[k] / mib['eager']:.2f}x)", flush=True)
+    against_site(f"nanoGPT-like {size}, batch {batch} x {eager.context} tokens", eager,
+                 eager.example_inputs(batch, "cpu", torch.float32), _step, rounds, "attention")
 
 
 def main(argv=None) -> int:

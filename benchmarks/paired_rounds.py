@@ -45,3 +45,26 @@ def saved_bytes(model, *inputs, params=None) -> int:
         out = model(*inputs)
     del out
     return counter.bytes
+
+
+def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str) -> None:
+    """eager, fused (fusebench.fuse) and fused without graph pattern `site` (about fused mode
+    before it) on copies of `eager`, `step(model, inputs)` alternately for `rounds` rounds:
+    prints each median, the eager/other ratios [95% CI] and the bytes each saves for backward."""
+    import copy
+    import statistics
+
+    from fusebench.fuse import ORDER, fuse, graph_order
+    fused, before = copy.deepcopy(eager), copy.deepcopy(eager)
+    sites = fuse(fused, "train").sites
+    fuse(before, "train", only=[n for n in (*ORDER, *graph_order()) if n != site])
+    without = f"no {site} site"
+    models = {"eager": eager, "fused": fused, without: before}
+    t = alternate({k: (lambda m=m: step(m, inputs)) for k, m in models.items()}, rounds)
+    mib = {k: saved_bytes(m, *inputs) / 2**20 for k, m in models.items()}
+    print(f"{label} (sites {dict(sites)}):",
+          ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in t.items()))
+    for k in ("fused", without):
+        print(f"  eager/{k} {ratio_ci(t['eager'], t[k])} over {rounds} rounds; saved for "
+              f"backward {mib[k]:.1f} vs eager's {mib['eager']:.1f} MiB "
+              f"({mib[k] / mib['eager']:.2f}x)", flush=True)
