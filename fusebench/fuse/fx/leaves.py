@@ -25,7 +25,10 @@ _FUNCTIONS: list = []
 _MODULES: list[type] = []
 
 
+@functools.cache
 def _einops(sub: str = "") -> ModuleType | None:
+    """einops (or a submodule), or None; cached, since without einops each import would
+    search the path again, and the attention pattern asks for einops.einsum at every node."""
     try:
         return importlib.import_module("einops" + sub)
     except ImportError:

@@ -260,11 +260,12 @@ def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
         for n in gm.graph.nodes:     # tensor constants fx lifted out of the code live on gm
             if n.op == "get_attr" and "." not in n.target and not hasattr(m, n.target):
                 object.__setattr__(m, n.target, getattr(gm, n.target))
-        signature, key = getattr(gm, "fusebench_fixed", (None, {}))
-        variants.append((key, type(gm).forward))
-    code, traced_training = variants[0][1], m.training
-    if variants[0][0]:               # optional arguments the trace fixed (fx/specialise.py)
-        code = specialise.guarded(variants, signature, type(m).forward)
+        variants.append((getattr(gm, "fusebench_fixed", (None, {})), type(gm).forward))
+    (signature, key), code = variants[0]
+    traced_training = m.training
+    if key:                          # optional arguments the trace fixed (fx/specialise.py)
+        code = specialise.guarded([(k, c) for (_, k), c in variants], signature,
+                                  type(m).forward)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
