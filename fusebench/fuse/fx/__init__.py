@@ -4,6 +4,7 @@
   pattern.py  GraphPattern / Hit / Miss / Site and the PATTERNS registry
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
   specialise.py  optional arguments a forward branches on: a graph per value, chosen per call
+  modes.py    grad / autocast `with` blocks in a forward, kept in its graph
   leaves.py   functions and modules kept whole as one node (einops; a user's register_leaf)
   products.py a matrix product however written (@, matmul, bmm, an einsum that is one)
   causal.py   whether a mask node is the causal pattern (the attention site's is_causal)
@@ -28,6 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.fuse.fx.leaves import register_leaf
+from fusebench.fuse.fx.modes import REGION
 from fusebench.fuse.fx.nodes import hooked, module, op
 from fusebench.fuse.fx.pattern import PATTERNS, Attr, Hit, Miss, Scope, Site, register_pattern
 from fusebench.fuse.fx.trace import graph_roots, install
@@ -75,7 +77,7 @@ def _sweep(scope: Scope, patterns: list, erased: set, sites: Counter, misses: di
         for p in patterns:
             res = p.scan(node, scope)
             if isinstance(res, Hit):
-                res = _hooks(res, gm) or res
+                res = _hooks(res, gm) or _regions(res) or res
             if isinstance(res, Miss):
                 misses[(res.pattern, res.reason)].append(_where(scope.path, node))
             elif isinstance(res, Hit):
@@ -115,6 +117,15 @@ def _owners(hit: Hit, root: nn.Module) -> list[nn.Module]:
 def _hooks(hit: Hit, gm) -> Miss | None:
     bad = [name for name, m in _modules(hit, gm) if hooked(m)]
     return Miss(hit.pattern, f"a hook on {', '.join(bad)}") if bad else None
+
+
+def _regions(hit: Hit) -> Miss | None:
+    """A site is one call in one place: it cannot run part of its ops under a `with
+    torch.no_grad()` / autocast block and part outside it (fx/modes.py)."""
+    seen = {n.meta.get(REGION, ()) for n in (hit.out, *hit.nodes)
+            if isinstance(n, fx.Node) and n.op.startswith("call_")}
+    return Miss(hit.pattern, "its ops are on both sides of a `with` block that sets grad or "
+                             "autocast mode") if len(seen) > 1 else None
 
 
 def _apply(gm: fx.GraphModule, root: nn.Module, hit: Hit, erased: set, ctx) -> bool:

@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import leaves, specialise, torch_modules
+from fusebench.fuse.fx import leaves, modes, specialise, torch_modules
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -40,6 +40,25 @@ class _Tracer(fx.Tracer):
         super().__init__(autowrap_modules=leaves.modules(), autowrap_functions=leaves.functions())
         self.opaque = opaque
         self.proxy_buffer_attributes = buffers
+        self.modes: modes.Recorder | None = None
+
+    def trace(self, root, concrete_args=None):
+        """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
+        graph (fx/modes.py)."""
+        self.modes = modes.Recorder(self._node)
+        with self.modes.patched():
+            return super().trace(root, concrete_args)
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        if self.modes is not None:
+            self.modes.check()
+        return self._node(*args, **kwargs)
+
+    def _node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        if self.modes is not None:
+            node.meta[modes.REGION] = self.modes.region()
+        return node
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
@@ -267,8 +286,18 @@ def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
         code = specialise.guarded([(k, c) for (_, k), c in variants], signature,
                                   type(m).forward)
 
+    if any(modes.has_modes(gm.graph) for gm in gms):
+        code = _unwinding(code)
+
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
             return type(self).forward(self, *args, **kwargs)
         return code(self, *args, **kwargs)
     m.forward = types.MethodType(forward, m)
+
+
+def _unwinding(code):
+    def run(self, *args, **kwargs):
+        with modes.unwound():
+            return code(self, *args, **kwargs)
+    return run
