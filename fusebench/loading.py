@@ -75,6 +75,10 @@ def import_file(path: Path, what: str) -> ModuleType:
         raise UsageError(f"{what}: cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    # a model file imports its neighbours (`from layers import Block`) as it does when run as
+    # a script; at the end of the path, so that a neighbour never shadows an installed module
+    if str(resolved.parent) not in sys.path:
+        sys.path.append(str(resolved.parent))
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:

@@ -55,6 +55,23 @@ def assert_matches_eager(model, ref, inputs, tol=1e-9, call=None):
     return y
 
 
+def assert_close_to_float64(model, ref, inputs, atol, rtol, grad_tol, ref_inputs=None):
+    """One forward + backward of a float32 model and its float64 reference (on `ref_inputs`,
+    default the same inputs): output within atol / rtol, every parameter's gradient within
+    grad_tol (relative, corr.grad_errs). Returns the model's output."""
+    import torch
+
+    from fusebench.measure import correctness as corr
+    y, r = model(*inputs), ref(*(inputs if ref_inputs is None else ref_inputs))
+    torch.testing.assert_close(y.double(), r, atol=atol, rtol=rtol)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    got = {n: p.grad.double() for n, p in model.named_parameters()}
+    exp = {n: p.grad for n, p in ref.named_parameters()}
+    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < grad_tol
+    return y
+
+
 def random_running_stats(model, freeze: bool = False):
     """Every BatchNorm2d's running statistics set to values far from init (mean in
     [-0.5, 0.5], var in [0.5, 1.5]); freeze: those BNs in eval mode (frozen statistics inside

@@ -18,8 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse import fuse
-from fusebench.measure import correctness as corr
-from tests.helpers import assert_matches_eager, autograd_nodes
+from tests.helpers import assert_close_to_float64, assert_matches_eager, autograd_nodes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import attention_spellings as A  # noqa: E402
@@ -65,14 +64,8 @@ def test_float32_runs_sdpa_close_to_float64_eager(name, site_calls):
     ref = build(A.SPELLINGS[name])
     model = copy.deepcopy(ref).float()
     assert fuse(model, "train").sites == {"attention": A.SITES.get(name, 1)}
-    y = model(tokens(torch.float32))
-    r = ref(tokens())
-    torch.testing.assert_close(y.double(), r, atol=2e-5, rtol=1e-4)
-    y.square().mean().backward()
-    r.square().mean().backward()
-    got = {n: p.grad.double() for n, p in model.named_parameters()}
-    exp = {n: p.grad for n, p in ref.named_parameters()}
-    assert max(corr.grad_errs(got, exp, list(exp), floor=1e-3).values()) < 1e-4
+    y = assert_close_to_float64(model, ref, (tokens(torch.float32),), atol=2e-5, rtol=1e-4,
+                                grad_tol=1e-4, ref_inputs=(tokens(),))
     assert FLASH in {type(n).__name__ for n in autograd_nodes(y)}
 
 

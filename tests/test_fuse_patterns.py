@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from fusebench.fuse import fuse
 from fusebench.measure.events import EventLog
 from fusebench.modes import get_mode
-from tests.helpers import assert_matches_eager, autograd_nodes, random_running_stats
+from tests.helpers import (assert_close_to_float64, assert_matches_eager, autograd_nodes,
+                           random_running_stats)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import (convnext_official, diffusion_unet, hf_efficientnet, hf_gpt2,  # noqa: E402
-                    llama,
+                    hf_llama, llama,
                     nano_gpt, timm_efficientnet, torch_transformer, tv_efficientnet,
                     tv_mobilenet, tv_resnet, tv_vit)
 
@@ -95,6 +96,11 @@ ASSETS = {
     "llama_hf": (llama.make, llama_tokens, LLAMA),
     "llama_meta": (llama.make_meta, llama_tokens, LLAMA),
     "llama_torch_rmsnorm": (llama.make_torch_rmsnorm, llama_tokens, LLAMA),
+    # HF's current layout: heads shaped by `(*input_shape, -1, head_dim)`, **kwargs passed on,
+    # the attention written out in a function (grouped k/v heads, float32 softmax), the rotary
+    # angles under autocast(enabled=False); the model's own forward (a causal mask made with
+    # a traced length) is an fx_fallback, its decoder layers trace
+    "hf_llama": (hf_llama.make, llama_tokens, {**LLAMA, "attention": 2}),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
     "diffusion_unet": (diffusion_unet.make_plain, unet_inputs, UNET),
     # `out += identity; relu(out)` and `F.relu(torch.add(identity, out))`; BasicBlocks
@@ -709,6 +715,7 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
                **dict.fromkeys(("nano_gpt", "nano_gpt_new_gelu"), {"mlp": 2, "attention": 2}),
                **dict.fromkeys(("llama_hf", "llama_meta", "llama_torch_rmsnorm"), LLAMA),
                "hf_gpt2": {"mlp": 2},
+               "hf_llama": {**LLAMA, "attention": 2},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),
@@ -728,6 +735,26 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
                # the decoder layers have none: their MLPs fuse
                "torch_encoder": {}, "torch_encoder_post_relu": {}, "tv_vit": {"mlp": 2},
                "torch_seq2seq": {"mlp": 2}}
+
+
+def test_hf_llama_in_float32_runs_sdpa_and_a_call_with_extra_keywords_runs_as_written(site_calls):
+    """The current-HF layout in float32 (float64 runs the code's float32 softmax as written):
+    its attentions run SDPA, forward and gradients close to float64 eager. A call that gives
+    the decoder layers keywords their **kwargs passes on runs the layers' own forwards."""
+    ref = build(hf_llama.make)
+    model = copy.deepcopy(ref).float()
+    res = fuse(model, "train")
+    assert res.sites == {**LLAMA, "attention": 2}
+    # the final norm, traced on its own (the model's trace fails), is no "left unfused" leaf
+    assert "RMSNorm" not in res.unfused, res.unfused
+    ids = llama_tokens()
+    y = assert_close_to_float64(model, ref, ids, atol=1e-4, rtol=1e-4, grad_tol=1e-4)
+    assert "ScaledDotProductFlashAttentionForCpuBackward0" in {
+        type(n).__name__ for n in autograd_nodes(y)}
+    assert site_calls["fused_attention"] == 2
+    site_calls.clear()
+    torch.testing.assert_close(model(*ids, output_attentions=False), y)
+    assert site_calls["fused_attention"] == 0 and site_calls["fused_rms_norm"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))
@@ -1217,3 +1244,14 @@ def test_a_written_out_act_after_batchnormact2d_drop_is_one_bn_act_site(site_cal
     assert ran(y) == {"bn_act": 1}
     for b, c in zip(model.buffers(), ref.buffers()):
         torch.testing.assert_close(b, c)
+
+
+@pytest.mark.slow
+def test_the_hf_llama_benchmark_runs_at_a_tiny_size(capsys):
+    from tests.helpers import load_benchmark
+    bench = load_benchmark("hf_llama")
+    assert bench.main(["--size", "tiny", "--rounds", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "HF-layout LLaMA, b2, 16 tokens (sites {'rms_norm': 5, 'attention': 2, 'glu_mlp': 2})" \
+        in out, out
+    assert out.count("eager/fused") == 1 and out.count("eager/no attention site") == 1, out

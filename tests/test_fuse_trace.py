@@ -103,3 +103,81 @@ def test_an_if_on_a_traced_value_still_fails_the_trace():
     from fusebench.fuse.fx.trace import _Tracer
     with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
         _Tracer(set()).trace(Branches())
+
+
+class Starred(nn.Module):
+    """`*shape` four ways: in a tuple (HF's hidden_shape), in a list, into a Tensor method's
+    sizes (`reshape(*lead, -1)`) and into a method given nothing else (`x.new_zeros(*x.shape)`)."""
+
+    def __init__(self, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        split = x.view((*lead, self.heads, -1))          # a tuple display
+        listed = split.reshape([*lead, -1])               # a list display
+        y = self.fc2(F.gelu(self.fc1(listed.reshape(*lead, -1))))
+        return y + x.new_zeros(*x.shape)
+
+
+def test_a_star_unpacked_shape_is_spliced_at_run_time(site_calls):
+    model = Starred()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["mlp"] == 1
+    for shape in ((3, 8), (2, 5, 8), (2, 2, 3, 8)):      # leading dims the trace never saw
+        x = torch.randn(*shape)
+        torch.testing.assert_close(model(x), ref(x))
+    assert site_calls["fused_mlp"] == 3
+
+
+class LoopsOverShape(nn.Module):
+    def forward(self, x):
+        n = 1
+        for d in x.shape[1:]:                            # a loop, not an unpacking
+            n = n * d
+        return x.reshape(x.shape[0], n)
+
+
+def test_a_loop_over_a_traced_value_still_fails_the_trace():
+    from fusebench.fuse.fx.trace import _Tracer
+    with pytest.raises(fx.proxy.TraceError, match="cannot be iterated"):
+        _Tracer(set()).trace(LoopsOverShape())
+
+
+class PassesKwargs(nn.Module):
+    """HF's forwards: **kwargs passed on to a helper that may read them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x, **kwargs):
+        return _scaled(self.fc2(F.gelu(self.fc1(x))), **kwargs)
+
+
+def _scaled(y, scale=1.0):
+    return y * scale
+
+
+def test_kwargs_passed_on_trace_empty_and_a_call_with_some_runs_the_own_forward(site_calls):
+    model = PassesKwargs()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["mlp"] == 1
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x), ref(x))
+    assert site_calls["fused_mlp"] == 1
+    torch.testing.assert_close(model(x, scale=3.0), ref(x, scale=3.0))   # not dropped
+    assert site_calls["fused_mlp"] == 1                                  # its own forward ran
+
+
+class StarIntoOtherCall(nn.Module):
+    def forward(self, x):
+        return x.sum(*x.shape[2:])                       # sizes as dims: no sequence form
+
+
+def test_a_star_into_a_call_without_a_sequence_form_fails_the_trace_with_a_reason():
+    from fusebench.fuse.fx.trace import _Tracer
+    with pytest.raises(fx.proxy.TraceError, match="unpacked into the arguments of sum"):
+        _Tracer(set()).trace(StarIntoOtherCall())

@@ -51,3 +51,10 @@ def test_first_line_and_describe():
     assert first_line("\n  one\ntwo") == "one" and first_line(None) == ""
     assert first_line("x" * 400) == "x" * 300 and first_line("x" * 400, None) == "x" * 400
     assert describe(KeyError()) == "KeyError" and describe(ValueError("a\nb")) == "ValueError: a"
+
+
+def test_a_file_imports_its_neighbours_as_a_script_would(tmp_path):
+    (tmp_path / "fb_test_layers.py").write_text("class Block:\n    width = 3\n")
+    (tmp_path / "model.py").write_text("from fb_test_layers import Block\n\n"
+                                       "def make():\n    return Block.width\n")
+    assert load_ref(f"{tmp_path / 'model.py'}:make", "model", "factory")() == 3

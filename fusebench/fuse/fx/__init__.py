@@ -5,6 +5,7 @@
   trace.py    which modules get a graph (per submodule where tracing fails) and install()
   specialise.py  optional arguments a forward branches on: a graph per value, chosen per call
   modes.py    grad / autocast `with` blocks in a forward, kept in its graph
+  stars.py    `*shape` spliced at run time, a forward's `**kwargs` passed on (traced empty)
   leaves.py   functions and modules kept whole as one node (einops; a user's register_leaf)
   products.py a matrix product however written (@, matmul, bmm, an einsum that is one)
   causal.py   whether a mask node is the causal pattern (the attention site's is_causal)
@@ -109,7 +110,7 @@ def _owners(hit: Hit, root: nn.Module) -> list[nn.Module]:
                 m = root.get_submodule(a.path)
             except AttributeError:
                 m = root.get_submodule(a.path.rpartition(".")[0])
-            if m is not root and not list(m.children()):
+            if not list(m.children()):      # a childless root too: a norm traced on its own
                 out.append(m)
     return out
 

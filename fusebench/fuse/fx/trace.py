@@ -7,7 +7,9 @@ symbolic tracing fails (data-dependent control flow, iterating a Proxy, ...) eac
 traced on its own, then the parent is tried again with the children that failed kept as
 opaque leaves; a module that still fails is a `fx_fallback` note and only its submodules (and
 the module-level rules) are matched. Standard torch.nn modules, the fuser's own FusedModules,
-modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are leaves.
+modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are leaves. Beyond
+what fx traces by itself: grad / autocast `with` blocks (fx/modes.py), `*shape` and a
+forward's `**kwargs` passed on (fx/stars.py), a chunk iterated, an `assert` (below).
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
@@ -26,7 +28,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import leaves, modes, specialise, torch_modules
+from fusebench.fuse.fx import leaves, modes, specialise, stars, torch_modules
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -41,13 +43,20 @@ class _Tracer(fx.Tracer):
         self.opaque = opaque
         self.proxy_buffer_attributes = buffers
         self.modes: modes.Recorder | None = None
+        self.kwargs_dropped = False
 
     def trace(self, root, concrete_args=None):
         """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
-        graph (fx/modes.py)."""
+        graph (fx/modes.py), and values star-unpacked spliced in (fx/stars.py)."""
         self.modes = modes.Recorder(self._node)
         with self.modes.patched():
-            return super().trace(root, concrete_args)
+            graph = super().trace(root, concrete_args)
+        stars.resolve(graph)
+        setattr(graph, stars.DROPPED, self.kwargs_dropped)
+        return graph
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return stars.Proxy(node, self)
 
     def create_node(self, *args, **kwargs) -> fx.Node:
         if self.modes is not None:
@@ -86,6 +95,12 @@ class _Tracer(fx.Tracer):
         time (chunk makes fewer where the size does not divide: 4 into 3 gives 2)."""
         count = _parts(obj.node)
         if count is None:
+            user = inspect.currentframe().f_back.f_back      # <- Proxy.__iter__ <- code
+            if stars.unpacking(user):                        # `*value`: fx/stars.py
+                return iter([self.create_proxy("call_function", stars.star, (obj,), {})])
+            if stars.passing_kwargs(obj.node, user):         # `**kwargs` passed on: empty
+                self.kwargs_dropped = True
+                return iter(())
             return super().iter(obj)
         self.create_proxy("call_function", has_parts, (obj, count), {})
         return iter([obj[i] for i in range(count)])
@@ -214,9 +229,10 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
                 first = first or e
                 continue
             gms = [fx.GraphModule(m, graph) for graph, _ in variants]
-            for i, (gm, (_, key)) in enumerate(zip(gms, variants)):
+            for i, (gm, (graph, key)) in enumerate(zip(gms, variants)):
                 gm.fusebench_fixed = (inspect.signature(root.forward), key)
                 gm.fusebench_variant = i
+                gm.fusebench_kwargs_dropped = getattr(graph, stars.DROPPED, False)
             return gms
         return first
 
@@ -288,12 +304,27 @@ def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
 
     if any(modes.has_modes(gm.graph) for gm in gms):
         code = _unwinding(code)
+    if any(getattr(gm, "fusebench_kwargs_dropped", False) for gm in gms):
+        code = _no_extra_kwargs(code, signature, type(m).forward)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
             return type(self).forward(self, *args, **kwargs)
         return code(self, *args, **kwargs)
     m.forward = types.MethodType(forward, m)
+
+
+def _no_extra_kwargs(code, signature: inspect.Signature, own):
+    """The graph passed on an empty **kwargs (fx/stars.py): a call that gives keywords the
+    signature does not name runs the class's own forward, which passes them on."""
+    named = {p.name for p in signature.parameters.values()
+             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+    def run(self, *args, **kwargs):
+        if kwargs.keys() - named:
+            return own(self, *args, **kwargs)
+        return code(self, *args, **kwargs)
+    return run
 
 
 def _unwinding(code):
