@@ -228,3 +228,51 @@ def test_an_exception_inside_the_block_gives_the_callers_mode_back():
         model(torch.randn(4, 8, dtype=torch.float64))
     assert torch.is_grad_enabled()
     assert not modes._entered()
+
+
+class MeetsAThread(nn.Module):
+    """Its forward runs while another thread is inside a no_grad block (grad mode is per
+    thread: that block is not the model's)."""
+
+    def __init__(self, go, inside, release, left):
+        super().__init__()
+        self.mlp, self.events, self.calls = Mlp(), (go, inside, release, left), []
+
+    def forward(self, x):
+        self.calls.append(x)
+        go, inside, release, left = self.events
+        go.set()
+        inside.wait(10)                                 # the other thread is in its block
+        y = self.mlp(x)
+        release.set()
+        left.wait(10)                                   # and has left it
+        return y
+
+
+def test_another_threads_blocks_during_the_trace_are_not_the_models():
+    """The managers are patched for the trace's duration; another thread's block must pass
+    through untouched (before: it was recorded as the model's, and the first trace failed on
+    it: the model was traced twice, or, where every attempt met such a block, not at all)."""
+    import threading
+    go, inside, release, left = (threading.Event() for _ in range(4))
+    errors: list = []
+
+    def other():
+        go.wait(10)                                     # the trace has begun
+        try:
+            with torch.no_grad():
+                inside.set()
+                release.wait(10)
+        except Exception as e:                          # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            left.set()
+    thread = threading.Thread(target=other)
+    thread.start()
+    model = MeetsAThread(go, inside, release, left)
+    result = fuse(model, "train")
+    thread.join(10)
+    assert errors == []
+    assert len(model.calls) == 1                        # one trace: the first one held
+    assert result.sites["mlp"] == 1
+    assert not [text for kind, text in result.notes if kind == "fx_fallback"], result.notes

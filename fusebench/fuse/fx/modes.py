@@ -138,26 +138,29 @@ class Recorder:
     @contextlib.contextmanager
     def patched(self):
         kept = [(cls, cls.__enter__, cls.__exit__) for cls in (*GRAD_MANAGERS, torch.autocast)]
-        rec = self
+        rec, tracing = self, threading.get_ident()     # another thread's blocks are its own
 
         def grad_enter(enter):
             def entered(cm):
                 out = enter(cm)
-                rec._enter(enter_grad, (torch.is_grad_enabled(),))
+                if threading.get_ident() == tracing:
+                    rec._enter(enter_grad, (torch.is_grad_enabled(),))
                 return out
             return entered
 
         def autocast_enter(enter):
             def entered(cm):
                 out = enter(cm)
-                rec._enter(enter_autocast, (cm.device, cm.fast_dtype, cm._enabled,
-                                            cm._cache_enabled))
+                if threading.get_ident() == tracing:
+                    rec._enter(enter_autocast, (cm.device, cm.fast_dtype, cm._enabled,
+                                                cm._cache_enabled))
                 return out
             return entered
 
         def leaving(exit_):
             def left(cm, *exc):
-                rec._leave()
+                if threading.get_ident() == tracing:
+                    rec._leave()
                 return exit_(cm, *exc)
             return left
         try:
