@@ -181,3 +181,31 @@ def test_a_star_into_a_call_without_a_sequence_form_fails_the_trace_with_a_reaso
     from fusebench.fuse.fx.trace import _Tracer
     with pytest.raises(fx.proxy.TraceError, match="unpacked into the arguments of sum"):
         _Tracer(set()).trace(StarIntoOtherCall())
+
+
+class MakesTensorsOfItsSize(nn.Module):
+    """`torch.ones(T, T)` / `torch.zeros(B, T, C, device=...)` with traced sizes: torch's
+    argument parser refused the Proxies before fx saw the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        weights = torch.ones(t, t, dtype=x.dtype).tril() / torch.arange(1, t + 1)[:, None]
+        bias = torch.zeros(b, t, c, dtype=x.dtype, device=x.device) + 0.5
+        return self.fc2(F.gelu(self.fc1(weights @ x))) + bias
+
+
+def test_sizes_given_one_by_one_to_a_factory_trace(site_calls):
+    model = MakesTensorsOfItsSize()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert result.sites["mlp"] == 1
+    assert not [t for k, t in result.notes if k == "fx_fallback"], result.notes
+    for t in (3, 5):
+        x = torch.randn(2, t, 8)
+        torch.testing.assert_close(model(x), ref(x))
+    assert site_calls["fused_mlp"] == 2
+    assert torch.ones(2, 3).shape == (2, 3)          # torch's own factories are back

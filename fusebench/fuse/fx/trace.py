@@ -49,7 +49,7 @@ class _Tracer(fx.Tracer):
         """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
         graph (fx/modes.py), and values star-unpacked spliced in (fx/stars.py)."""
         self.modes = modes.Recorder(self._node)
-        with self.modes.patched():
+        with self.modes.patched(), stars.packed_sizes():
             graph = super().trace(root, concrete_args)
         stars.resolve(graph)
         setattr(graph, stars.DROPPED, self.kwargs_dropped)
