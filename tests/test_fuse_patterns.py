@@ -1255,6 +1255,23 @@ def test_the_hf_llama_benchmark_runs_at_a_tiny_size(capsys):
     assert out.count("eager/fused") == 1 and out.count("eager/no attention site") == 1, out
 
 
+def test_hf_llama_under_cpu_autocast_runs_sdpa(site_calls):
+    """Under autocast HF's RoPE leaves q and k in float32 (cos / sin are cast to the hidden
+    states' dtype) and v in bfloat16: SDPA casts them itself there, as eager's matmuls do."""
+    torch.manual_seed(0)
+    ref = hf_llama.make()
+    model = copy.deepcopy(ref)
+    assert fuse(model, "train").sites["attention"] == 2
+    (ids,) = llama_tokens()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, r = model(ids), ref(ids)
+    assert y.dtype == r.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), r.float(), atol=5e-2, rtol=5e-2)
+    assert site_calls["fused_attention"] == 2
+    assert "ScaledDotProductFlashAttentionForCpuBackward0" in {
+        type(n).__name__ for n in autograd_nodes(y)}
+
+
 class BranchesOnValues(nn.Module):
     """An `if` on a traced value: the model is an fx_fallback, its RMSNorm traced alone."""
 

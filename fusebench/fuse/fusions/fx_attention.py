@@ -292,7 +292,8 @@ def _not_taken(q, k, v, masks, kinds, dim) -> str | None:
         return "q, k, v batch dims that broadcast against each other"
     if dim % q.dim() != q.dim() - 1:
         return f"a softmax over dim {dim}, not the keys"
-    if not (q.dtype == k.dtype == v.dtype):
+    # under autocast SDPA casts q, k, v itself (HF's RoPE leaves q, k in float32, v in bf16)
+    if not (q.dtype == k.dtype == v.dtype) and not torch.is_autocast_enabled(q.device.type):
         return "q, k, v of different dtypes"
     scores = (*q.shape[:-1], k.shape[-2])
     for m, kind in zip(masks, kinds):
