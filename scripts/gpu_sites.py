@@ -8,7 +8,8 @@ memory-efficient kernel.
     python scripts/gpu_sites.py [--device cuda] [--size tiny|bench]
 
 Per model (tests/assets: torch.nn encoder layers with dropout 0.1, nn.Transformer seq2seq,
-torchvision's ViT with attention dropout, the nanoGPT-like GPT, a Swin stage, Stable
+torchvision's ViT with attention dropout, the nanoGPT-like GPT, a Swin stage, a LLaMA in HF
+transformers' current layout, Stable
 Diffusion's einsum attention and lucidrains' ViT (einops), the written-out attention
 spellings): eager and fused
 copies (one seed) take one float32 step each from the same RNG state; the line gives the
@@ -33,7 +34,7 @@ TOL = 1e-4                  # float32, fused against eager
 
 
 def models(size: str) -> dict:
-    from assets import attention_spellings, nano_gpt, swin, torch_transformer, tv_vit
+    from assets import attention_spellings, hf_llama, nano_gpt, swin, torch_transformer, tv_vit
     out = {
         "torch_encoder_dropout": lambda: torch_transformer.make(size=size, dropout=0.1,
                                                                 norm_first=True,
@@ -42,6 +43,8 @@ def models(size: str) -> dict:
         "tv_vit_dropout": lambda: tv_vit.make(size=size, dropout=0.1, attention_dropout=0.1),
         "nano_gpt": lambda: nano_gpt.make(size=size),
         "swin_stage": swin.SwinStage,       # learned bias + windowed mask: CUDA takes its grad
+        # HF's current layout: grouped k/v heads; under autocast q, k float32 and v bf16
+        "hf_llama": lambda: hf_llama.make(size),
     }
     try:                    # a test extra: the device image may lack it (gpu_wheels.sh carries it)
         from assets import einops_models

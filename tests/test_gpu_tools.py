@@ -114,7 +114,7 @@ def test_gpu_check_smoke_on_cpu(tmp_path):
                        text=True, timeout=400, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "== kernel_ln2d_float32: rc=0" in r.stdout
-    assert "== sites: rc=0" in r.stdout and "15 of 15 models ok" in r.stdout
+    assert "== sites: rc=0" in r.stdout and "16 of 16 models ok" in r.stdout
     assert "== run_effnet_fused: skipped (SKIP)" in r.stdout
     logs = list(tmp_path.glob("*.log"))
     assert logs and not [p.name for p in logs if "Traceback" in p.read_text()]
