@@ -3,9 +3,9 @@
 
 `*value`: HF transformers' current attention shapes its heads with `hidden_shape =
 (*input_shape, -1, head_dim)` and ends with `.reshape(*input_shape, -1)`, where
-`input_shape = x.shape[:-1]`. Unpacking iterates the
-Proxy, which fx refuses (its length is unknown until run time), so every such attention, and
-the decoder layer around it, was an `fx_fallback`.
+`input_shape = x.shape[:-1]`. Unpacking iterates the Proxy, which fx refuses (its length is
+unknown until run time), so every such attention, and the decoder layer around it, was an
+`fx_fallback`.
 
 While tracing, the unpacked value stands as one marker element (`star`); after the trace each
 tuple or list holding a marker becomes one `spliced` node that builds it at run time, and a
