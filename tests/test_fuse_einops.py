@@ -11,6 +11,8 @@ from pathlib import Path
 import einops
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 import torch.fx as fx
 
 from fusebench.fuse import fuse
@@ -109,25 +111,55 @@ def test_without_a_context_the_same_model_attends_to_itself(site_calls):
     assert site_calls["fused_attention"] == 4
 
 
-def test_a_mask_branch_that_cannot_trace_leaves_the_other_arguments_their_graphs(site_calls):
-    """CrossAttention alone: `-torch.finfo(sim.dtype).max` under `if mask is not None` stops
-    the trace (a traced dtype is no dtype), so mask is fixed to None; context still gets a
-    graph each way. A call with a mask runs the module's own forward and says so."""
+def test_sds_mask_branch_traces_and_its_call_runs_fused(site_calls):
+    """CrossAttention alone: `masked_fill(~mask, -torch.finfo(sim.dtype).max)` under `if mask
+    is not None` stopped the trace (a traced dtype was no dtype: mask was fixed to None and a
+    call with a mask ran the module's own forward). fx/shims.py reads the dtype's limit at
+    run time, and the attention site takes that fill as a mask: every mix is a fused graph."""
     torch.manual_seed(0)
     model = E.CrossAttention(16, 16).double()
     ref = copy.deepcopy(model)
     assert fuse(model, "train").sites["attention"] == 1
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     c = torch.randn(2, 5, 16, dtype=torch.float64)
-    torch.testing.assert_close(model(x), ref(x))
-    torch.testing.assert_close(model(x, context=c), ref(x, context=c))
-    assert site_calls["fused_attention"] == 2
     mask = torch.rand(2, 5) > 0.3
     mask[:, 0] = True                           # every row keeps a key (else eager NaN)
+    for args in ((x,), (x, c), (x, c, mask)):
+        torch.testing.assert_close(model(*args), ref(*args))
+    assert site_calls["fused_attention"] == 3
+
+
+class MaskAny(nn.Module):
+    """A mask branch fx cannot trace (`mask.any()`: a traced truth value) beside an optional
+    context: mask is fixed to None alone, context keeps a graph each way."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x, context=None, mask=None):
+        context = x if context is None else context
+        h = self.fc2(F.gelu(self.fc1(context)))
+        if mask is not None and mask.any():
+            h = h.masked_fill(~mask[..., None], 0.0)
+        return h
+
+
+def test_a_mask_branch_that_cannot_trace_leaves_the_other_arguments_their_graphs(site_calls):
+    torch.manual_seed(0)
+    model = MaskAny().double()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["mlp"] == 1
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    c = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(model(x), ref(x))
+    torch.testing.assert_close(model(x, context=c), ref(x, context=c))
+    assert site_calls["fused_mlp"] == 2
+    mask = torch.rand(2, 5) > 0.3
     with pytest.warns(UserWarning, match=r"traced for mask=None, context=None or mask=None, "
                                          r"context=<given>; called with other values \(mask\)"):
         torch.testing.assert_close(model(x, c, mask), ref(x, c, mask))
-    assert site_calls["fused_attention"] == 2
+    assert site_calls["fused_mlp"] == 2
 
 
 def test_lucidrains_vit_fuses_after_rearrange_and_a_mapped_chunk(site_calls):

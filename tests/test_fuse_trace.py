@@ -209,3 +209,32 @@ def test_sizes_given_one_by_one_to_a_factory_trace(site_calls):
         torch.testing.assert_close(model(x), ref(x))
     assert site_calls["fused_mlp"] == 2
     assert torch.ones(2, 3).shape == (2, 3)          # torch's own factories are back
+
+
+class LimitOfATracedDtype(nn.Module):
+    """`torch.finfo(z.dtype).min` of a traced z (BERT-style extended masks written with the
+    hidden states' dtype): a traced dtype was no dtype, and the trace failed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x, z):
+        return self.fc2(F.gelu(self.fc1(x))), z.masked_fill(z > 0, torch.finfo(z.dtype).min)
+
+
+def test_a_traced_dtypes_limit_is_read_at_run_time(site_calls):
+    model = LimitOfATracedDtype()
+    ref = copy.deepcopy(model)
+    result = fuse(model, "train")
+    assert result.sites["mlp"] == 1
+    assert not [t for k, t in result.notes if k == "fx_fallback"], result.notes
+    x = torch.randn(2, 8)
+    for dtype in (torch.float16, torch.float64):     # the graph reads z's dtype at each call
+        z = torch.randn(2, 8).to(dtype)
+        (y, m), (ry, rm) = model(x, z), ref(x, z)
+        torch.testing.assert_close(y, ry)
+        torch.testing.assert_close(m, rm, atol=0, rtol=0)
+        assert m.min() == torch.finfo(dtype).min
+    assert site_calls["fused_mlp"] == 2
+    assert torch.finfo is type(torch.finfo(torch.float32))    # torch's own is back

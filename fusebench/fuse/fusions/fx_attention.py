@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fusebench.fuse.fx import causal
+from fusebench.fuse.fx import causal, shims
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.pattern import Hit, Miss, Site, register_pattern
 from fusebench.fuse.fx.products import product
@@ -106,11 +106,23 @@ def _scale_factor(n):
     return None
 
 
+class _Lowest:
+    """A fill with the scores' dtype's lowest value, read from the dtype at run time."""
+
+    def __repr__(self):
+        return "finfo(dtype).min"
+
+
+LOWEST = _Lowest()
+
+
 def _fill(n):
     """(scores, cond, v) of `s.masked_fill(cond, v)` with v masking as -inf does
     (causal.masking); a reason for another value; None when n is no masked_fill."""
     if N.op(n) != "masked_fill":
         return None
+    if shims.reads_lowest(N.arg(n, 2, "value")):      # SD's `-torch.finfo(sim.dtype).max`
+        return N.x_of(n), N.arg(n, 1, "mask"), LOWEST
     v = N.number(N.arg(n, 2, "value"))
     if not causal.masking(v):
         return "masked_fill with a value other than -inf or <= -1e4 (not a mask to SDPA)"
@@ -125,7 +137,26 @@ def _reaches_matmul(n, depth: int = 0) -> bool:
 
 
 def _sole_use(n: fx.Node, user: fx.Node) -> bool:
-    return list(n.users) == [user]
+    """user is n's one user, besides a dtype query that only a fill value reads (SD's
+    `masked_fill(~mask, -torch.finfo(sim.dtype).max)`: absorbed with the fill)."""
+    return [u for u in n.users if not _dtype_for_fill(u)] == [user]
+
+
+def _dtype_for_fill(u: fx.Node) -> bool:
+    return (u.op == "call_function" and u.target is getattr and u.args[1:] == ("dtype",)
+            and bool(u.users) and all(shims.reads_lowest(f) or shims.reads_lowest(next(
+                iter(f.users), None)) for f in u.users))
+
+
+def _fill_value_nodes(value: fx.Node) -> list[fx.Node]:
+    """The nodes that compute a LOWEST fill value, down to the scores' dtype query."""
+    out, n = [], value
+    while isinstance(n, fx.Node) and n.op == "call_function":
+        out.append(n)
+        if n.target is getattr:
+            break
+        n = n.args[0]
+    return out
 
 
 class _Scores:
@@ -135,6 +166,7 @@ class _Scores:
         self.masks: list = []        # (kind "fill" / "add" / "window", mask, fill value), in order
         self.factors: list = []      # (number node or constant, divides)
         self.nodes: list = []        # absorbed
+        self.extra: list = []        # absorbed too: a LOWEST fill's value, its dtype query
         self.k_rows = False          # k given as (.., S, D) (an einsum), not k^T
 
     def parse(self, s) -> str | tuple | None:
@@ -153,6 +185,8 @@ class _Scores:
                 if self.factors:
                     return "the scores are scaled after the mask"
                 self.masks.insert(0, ("fill", fill[1], fill[2]))
+                if fill[2] is LOWEST:
+                    self.extra += _fill_value_nodes(N.arg(s, 2, "value"))
                 self.nodes.append(s)
                 s = fill[0]
                 masked = True
@@ -366,6 +400,8 @@ def attention_site(divides: tuple, kinds: tuple, values: tuple, dim: int, up: bo
                 m, shape, back = m
                 s = (s.view(shape) + m).view(back)
             else:
+                if value is LOWEST:
+                    value = torch.finfo(s.dtype).min
                 s = s + m if kind == "add" else s.masked_fill(m, value)
         p = F.softmax(s.float() if up else s, dim=dim)
         return torch.matmul(p.to(_dtype_of(cast_target, q)) if cast else p, v)
@@ -477,4 +513,4 @@ def attention(n, scope):
                           k_rows=scores.k_rows)
     args = (*qk, v, tuple(f for f, _ in scores.factors), tuple(m for _, m, _ in scores.masks),
             _cast_target(cast) if cast is not None else None)
-    return Hit("attention", n, site, args, (*chain, *scores.nodes[1:]))
+    return Hit("attention", n, site, args, (*chain, *scores.nodes[1:], *scores.extra))

@@ -6,6 +6,7 @@
   specialise.py  optional arguments a forward branches on: a graph per value, chosen per call
   modes.py    grad / autocast `with` blocks in a forward, kept in its graph
   stars.py    `*shape` spliced at run time, a forward's `**kwargs` passed on (traced empty)
+  shims.py    torch calls that refuse a traced value (`torch.ones(T, T)`, `torch.finfo(x.dtype)`)
   leaves.py   functions and modules kept whole as one node (einops; a user's register_leaf)
   products.py a matrix product however written (@, matmul, bmm, an einsum that is one)
   causal.py   whether a mask node is the causal pattern (the attention site's is_causal)

@@ -18,28 +18,18 @@ CALL_FUNCTION_EX): a `for` over a traced value still fails as before.
 (`self.self_attn(..., **kwargs)`); fx makes the dict one placeholder, and passing it on
 iterates its keys. It is traced as the empty dict it is in a plain call, and the installed
 forward runs the module's own code for a call that does give extra keywords
-(fx/trace.py: install), so none is dropped.
-
-Sizes as separate arguments: `torch.ones(T, T)` with a traced T fails in torch's argument
-parser before fx sees the call (the one-tuple form, `torch.ones((T, T))`, reaches fx): while
-tracing, the factories that take sizes either way pass a traced size list on as one tuple
-(`packed_sizes`), which is what the graph then calls."""
+(fx/trace.py: install), so none is dropped."""
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dis
-import functools
 import inspect
 
-import torch
 import torch.fx as fx
 
 # Tensor methods whose sizes may come as varargs or as one sequence
 SHAPE_METHODS = frozenset({"view", "reshape", "expand", "repeat", "permute", "tile",
                            "new_zeros", "new_ones", "new_empty"})
-# torch factories whose sizes may come as varargs or as one sequence
-SIZE_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
 UNPACKING = frozenset({"LIST_EXTEND", "CALL_FUNCTION_EX"})
 DROPPED = "fusebench_kwargs_dropped"   # graph attribute: its **kwargs was traced as empty
 
@@ -151,23 +141,3 @@ def resolve(graph: fx.Graph) -> None:
         graph.erase_node(m)
 
 
-
-@contextlib.contextmanager
-def packed_sizes():
-    """For a trace: torch.ones(T, T) and the like, given a traced size, called with (T, T)."""
-    kept = {name: getattr(torch, name) for name in SIZE_FACTORIES}
-
-    def packing(fn):
-        @functools.wraps(fn)
-        def call(*sizes, **kwargs):
-            if len(sizes) > 1 and any(isinstance(s, fx.Proxy) for s in sizes):
-                return fn(sizes, **kwargs)
-            return fn(*sizes, **kwargs)
-        return call
-    try:
-        for name, fn in kept.items():
-            setattr(torch, name, packing(fn))
-        yield
-    finally:
-        for name, fn in kept.items():
-            setattr(torch, name, fn)

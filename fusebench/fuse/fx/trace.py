@@ -9,7 +9,8 @@ opaque leaves; a module that still fails is a `fx_fallback` note and only its su
 the module-level rules) are matched. Standard torch.nn modules, the fuser's own FusedModules,
 modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are leaves. Beyond
 what fx traces by itself: grad / autocast `with` blocks (fx/modes.py), `*shape` and a
-forward's `**kwargs` passed on (fx/stars.py), a chunk iterated, an `assert` (below).
+forward's `**kwargs` passed on (fx/stars.py), `torch.ones(T, T)` and `torch.finfo(x.dtype)`
+of traced values (fx/shims.py), a chunk iterated, an `assert` (below).
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
@@ -28,7 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import leaves, modes, specialise, stars, torch_modules
+from fusebench.fuse.fx import leaves, modes, shims, specialise, stars, torch_modules
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -49,7 +50,7 @@ class _Tracer(fx.Tracer):
         """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
         graph (fx/modes.py), and values star-unpacked spliced in (fx/stars.py)."""
         self.modes = modes.Recorder(self._node)
-        with self.modes.patched(), stars.packed_sizes():
+        with self.modes.patched(), shims.installed():
             graph = super().trace(root, concrete_args)
         stars.resolve(graph)
         setattr(graph, stars.DROPPED, self.kwargs_dropped)
