@@ -201,3 +201,30 @@ def test_perturbed_inputs_keep_layout_and_dtype_and_leave_token_ids_alone():
     assert p.is_contiguous(memory_format=torch.channels_last) and p.dtype == x.dtype
     assert 0 < (p - x).abs().max() < 1e-2 * x.std() and same is ids
     assert ModelInputs((ids,)).perturbed() is None
+
+
+# ----- input gradients and frozen branches in the correctness check ---------------------------
+
+def test_steady_check_compares_input_gradients_where_the_mode_allows(fault_modes):
+    rec = _run(mode="test_wrong_input_grad")
+    assert rec.status == "mismatch", rec.correctness
+    assert "worst: input 0" in rec.correctness.detail
+    first, steady = rec.extra["correctness_reference"]
+    assert first["input_grads"] is None and steady["input_grads"] == 1
+    unasked = _run(mode="test_wrong_input_grad_unasked")   # parameters alone cannot see it
+    assert unasked.status == "ok", unasked.correctness
+    assert [r["input_grads"] for r in unasked.extra["correctness_reference"]] == [None, None]
+
+
+def test_fused_mode_checks_input_gradients():
+    rec = _run(mode="fused")
+    assert rec.status == "ok", rec.correctness
+    assert rec.extra["correctness_reference"][1]["input_grads"] == 1
+    assert "input gradients too: 1" in rec.correctness.detail
+
+
+def test_a_frozen_branch_without_gradients_passes():
+    # a teacher run under no_grad: its trainable parameters get no gradient in eager either
+    rec = _run(model=f"{ASSETS / 'probe_models.py'}:distill", mode="fused")
+    assert rec.status == "ok", rec.correctness
+    assert rec.correctness.max_rel_err_grad is not None

@@ -52,3 +52,31 @@ def test_sign_flip_fails_when_eager_is_close():
     assert check_step("first", _step(out_scale=1.05), ref, eager, bf16, "float64").passed
     flipped = check_step("first", _step(out_scale=-1.0), ref, eager, bf16, "float64")
     assert not flipped.passed and not flipped.weak
+
+
+def test_a_gradient_eager_does_not_give_is_not_compared_and_must_stay_absent():
+    ref, got = _step(), _step()
+    ref.grads["frozen"] = got.grads["frozen"] = None      # a teacher branch under no_grad
+    assert check_step("first", got, ref, ref, F32, "float64").passed
+    got.grads["frozen"] = torch.zeros(3, dtype=torch.float64)   # a materialised zero: same
+    assert check_step("first", got, ref, ref, F32, "float64").passed
+    got.grads["frozen"] = torch.ones(3, dtype=torch.float64)
+    c = check_step("first", got, ref, ref, F32, "float64")
+    assert not c.passed and "eager does not give (first: frozen)" in c.detail
+
+
+def test_input_gradients_are_compared_on_their_own_scale():
+    ref = _step()
+    small = torch.full((4, 8), 1e-6, dtype=torch.float64)    # far below the weights' grads
+    ref = StepResult(ref.out, ref.grads, {"input 0": small, "input 1": None})
+    same = StepResult(ref.out, ref.grads, {"input 0": small.clone(), "input 1": None})
+    c = check_step("steady", same, ref, ref, F32, "float64")
+    assert c.passed and c.input_grads == 1 and "input gradients too: 1" in c.detail
+    wrong = StepResult(ref.out, ref.grads, {"input 0": 2 * small, "input 1": None})
+    c = check_step("steady", wrong, ref, ref, F32, "float64")
+    assert not c.passed and "worst: input 0" in c.detail
+    lost = StepResult(ref.out, ref.grads, {"input 0": None, "input 1": None})
+    assert "got no gradient (first: input 0)" in check_step("s", lost, ref, ref, F32,
+                                                              "float64").detail
+    unasked = StepResult(ref.out, ref.grads)
+    assert check_step("first", unasked, ref, ref, F32, "float64").input_grads is None

@@ -12,8 +12,9 @@ peak_mem_first_call_bytes, peak_mem_total_bytes, peak_mem_harness_bytes (left by
 between the windows, taken out of the timed peak), contention (measure/contention.py fields over
 the timed steps; gpu_processes on CUDA), rusage (measure/rusage.py: faults, context switches
 and CPU ms per timed step), correctness_reference (per check: reference
-dtype, tol_out, tol_grad), GPU telemetry, timing (measure/timer.py StepCount: how many timed
-steps and why) and warmup_ms (the timed warm-up steps). The worker adds `threads`."""
+dtype, tol_out, tol_grad, input_grads: how many input gradients were compared), GPU telemetry,
+timing (measure/timer.py StepCount: how many timed steps and why) and warmup_ms (the timed
+warm-up steps). The worker adds `threads`."""
 from __future__ import annotations
 
 import contextlib
@@ -146,10 +147,13 @@ def _first_call(b: Built, mode, events: EventLog, mem: PeakMemory) -> FirstCall:
                      seconds, peak)
 
 
-def _steady_result(b: Built, step: Step) -> tuple[dict, corr.StepResult]:
-    """Weights after the timed steps and one more step on them (no update)."""
+def _steady_result(b: Built, step: Step, mode) -> tuple[dict, corr.StepResult]:
+    """Weights after the timed steps and one more step on them (no update), with the inputs'
+    gradients where the mode runs the same plan when an input requires grad (Mode docstring)
+    and the run is single-process training."""
     state = b.dist.full_state_dict(b.model) if b.dist else copy.deepcopy(b.model.state_dict())
-    last = step.run(update=False, seed=CHECK_SEED)
+    input_grads = mode.same_plan_with_input_grads and b.train and not b.dist
+    last = step.run(update=False, seed=CHECK_SEED, input_grads=input_grads)
     if b.dist and b.train:
         last = corr.StepResult(last.out, b.dist.full_grads(b.model))
     return state, last
@@ -166,13 +170,15 @@ def _repeat_failed(b: Built, step: Step, check: corr.Check, peak: int | None,
         return check
     again = b.inputs.perturbed()
     state = copy.deepcopy(b.model.state_dict())
+    input_grads = check.input_grads is not None   # asked the same as the failed check
     if again is not None:
-        got = dataclasses.replace(step, inputs=again.args).run(update=False, seed=CHECK_SEED)
+        got = dataclasses.replace(step, inputs=again.args).run(
+            update=False, seed=CHECK_SEED, input_grads=input_grads)
         out = corr.rechecked(check, b.ref.check(check.at, got, state, peak, inputs=again))
     else:
         try:
             moved = _moved_weights(b.model)
-            got = step.run(update=False, seed=CHECK_SEED)
+            got = step.run(update=False, seed=CHECK_SEED, input_grads=input_grads)
             out = corr.rechecked(check, b.ref.check(check.at, got, moved, peak),
                                  where="at perturbed weights")
         finally:
@@ -274,7 +280,7 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         timed = _timed(b, step, mem, phase, events)
         if b.ref:
             phase("check")
-            state, last = _steady_result(b, step)
+            state, last = _steady_result(b, step, mode)
             checks.append(_repeat_failed(b, step, b.ref.check("steady", last, state, first.peak),
                                          first.peak, events))
             del state, last

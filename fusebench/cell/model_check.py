@@ -51,9 +51,10 @@ def _sub_args(args: tuple, batch: int, n: int) -> tuple:
 
 
 def _clone(r: corr.StepResult) -> corr.StepResult:
-    grads = None if r.grads is None else {k: (v.clone() if v is not None else None)
-                                          for k, v in r.grads.items()}
-    return corr.StepResult(r.out.clone(), grads)
+    def each(d):
+        return None if d is None else {k: (v.clone() if v is not None else None)
+                                       for k, v in d.items()}
+    return corr.StepResult(r.out.clone(), each(r.grads), each(r.inputs))
 
 
 class ReferenceRunner:
@@ -67,11 +68,13 @@ class ReferenceRunner:
         self.train = spec.model.bench == "train"
         self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
         self.no_float64: str | None = None   # why the model fails in float64, once it did
+        self.input_grads = False   # set per check: whether the mode's step kept input grads
 
     def check(self, at: str, got: corr.StepResult, state: dict,
               working_set: int | None, inputs: ModelInputs | None = None) -> corr.Check:
         """got (the mode's step on `inputs`, default the cell's) against eager at `state`."""
         inputs = inputs or self.inputs
+        self.input_grads = got.inputs is not None   # the reference answers what was asked
         batch = self.spec.model.batch_size
         n = float64_batch(torch.device(self.spec.device), working_set, batch)
         self.model.load_state_dict(state)
@@ -95,7 +98,8 @@ class ReferenceRunner:
 
     def _eager(self, args: tuple, loss: Loss) -> corr.StepResult:
         try:
-            return eager_step(self.model, args, loss, self.train, self.autocast)
+            return eager_step(self.model, args, loss, self.train, self.autocast,
+                              self.input_grads)
         finally:   # the caller clones what it keeps: no reference grads live through timing
             self.model.zero_grad(set_to_none=True)
 
@@ -111,7 +115,8 @@ class ReferenceRunner:
     def _float64(self, args: tuple, loss: Loss) -> corr.StepResult:
         m64 = copy.deepcopy(self.model).double()
         try:
-            return eager_step(m64, args, loss, self.train, contextlib.nullcontext)
+            return eager_step(m64, args, loss, self.train, contextlib.nullcontext,
+                              self.input_grads)
         finally:
             del m64
 
@@ -126,8 +131,8 @@ def record_correctness(checks: list[corr.Check], events: EventLog,
         events.add("weak_check", "fusebench", "correctness check is weak in this dtype: "
                    "eager itself is far from the float64 reference")
     extra["correctness_reference"] = [
-        {"at": c.at, "reference": c.reference, "tol_out": c.tol_out, "tol_grad": c.tol_grad}
-        for c in checks]
+        {"at": c.at, "reference": c.reference, "tol_out": c.tol_out, "tol_grad": c.tol_grad,
+         "input_grads": c.input_grads} for c in checks]
     correctness = Correctness(
         passed=passed,
         max_rel_err_out=corr.finite_or_none(max(c.err_out for c in checks)),

@@ -74,7 +74,11 @@ class Step:
     autocast: Callable
     opt: torch.optim.Optimizer | None = None
 
-    def run(self, update: bool = True, seed: int | None = None) -> corr.StepResult:
+    def run(self, update: bool = True, seed: int | None = None,
+            input_grads: bool = False) -> corr.StepResult:
+        """One step. `input_grads` (train, checked steps only): the float inputs require grad
+        and their gradients are kept too, so a wrong gradient on the way from the input to the
+        first parameter (ops under no_grad, a parameter-free stem) shows."""
         if seed is not None:   # same dropout masks for the mode and its reference
             torch.manual_seed(seed)
         if not self.train:
@@ -82,12 +86,15 @@ class Step:
                 out = first_tensor(self.fn(*self.inputs))
             return corr.StepResult(out, None)
         self.model.zero_grad(set_to_none=True)
+        args = _requiring_grad(self.inputs) if input_grads else self.inputs
         with self.autocast():
-            out = first_tensor(self.fn(*self.inputs))
+            out = first_tensor(self.fn(*args))
             loss = self.loss(out)
         loss.backward()
         grads = {n: p.grad for n, p in self.model.named_parameters() if p.requires_grad}
-        result = corr.StepResult(out.detach(), grads)
+        inputs = ({f"input {i}": a.grad for i, a in enumerate(args)
+                   if torch.is_tensor(a) and a.requires_grad} if input_grads else None)
+        result = corr.StepResult(out.detach(), grads, inputs)
         if update:
             self.opt.step()
         return result
@@ -96,7 +103,14 @@ class Step:
         self.run()
 
 
+def _requiring_grad(args: tuple) -> tuple:
+    """The args with each float tensor replaced by a leaf copy that requires grad."""
+    return tuple(a.detach().clone().requires_grad_() if torch.is_tensor(a)
+                 and a.is_floating_point() else a for a in args)
+
+
 def eager_step(model: nn.Module, inputs: tuple, loss: Loss, train: bool,
-               autocast) -> corr.StepResult:
+               autocast, input_grads: bool = False) -> corr.StepResult:
     """One checked step of plain eager `model` (no update)."""
-    return Step(model, model, inputs, loss, train, autocast).run(update=False, seed=CHECK_SEED)
+    return Step(model, model, inputs, loss, train, autocast).run(
+        update=False, seed=CHECK_SEED, input_grads=input_grads)

@@ -59,9 +59,12 @@ def grad_errs(got: dict, ref: dict, names, floor: float) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: the output and gradients by parameter name (None for infer)."""
+    """What one step produced: the output and gradients by parameter name (None for infer);
+    `inputs`: the float inputs' gradients by position ("input 0"), where the step asked for
+    them (None: not asked)."""
     out: torch.Tensor
     grads: dict[str, torch.Tensor] | None
+    inputs: dict[str, torch.Tensor | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,40 @@ class Check:
     reference: str = "float64"     # dtype of the eager reference compared with
     tol_out: float | None = None
     tol_grad: float | None = None
+    input_grads: int | None = None   # input gradients compared (None: not asked for)
+
+
+def graded(ref: StepResult) -> list[str]:
+    """The parameters the reference gives a gradient. A trainable parameter with none in eager
+    (a frozen teacher or EMA branch run under no_grad, an unused head) is not compared: no
+    gradient is its right answer."""
+    return sorted(n for n, g in (ref.grads or {}).items() if g is not None)
+
+
+def unexpected_grads(got: StepResult, ref: StepResult) -> list[str]:
+    """Parameters (and asked-for inputs) the mode gave a nonzero gradient where the reference
+    gives none: a branch that should have been cut from autograd. A zero tensor in place of
+    None is the same answer: some compilers materialise it."""
+    pairs = [(got.grads, ref.grads), (got.inputs, ref.inputs)]
+    return sorted(n for mine, theirs in pairs if mine is not None and theirs is not None
+                  for n, g in mine.items()
+                  if g is not None and theirs.get(n) is None and bool(g.detach().any()))
+
+
+def all_grad_errs(got: StepResult, ref: StepResult, floor: float) -> dict[str, float]:
+    """grad_errs of the parameters and, where `got` has them, of the inputs: each group scaled
+    by its own largest gradient (an image's gradient can be orders below the weights')."""
+    errs = grad_errs(got.grads, ref.grads, graded(ref), floor)
+    if got.inputs is not None and ref.inputs is not None:
+        names = sorted(n for n, g in ref.inputs.items() if g is not None)
+        errs |= grad_errs(got.inputs, ref.inputs, names, floor)
+    return errs
 
 
 def eager_error(eager: StepResult, ref64: StepResult, tol: Tolerance) -> tuple[float, float]:
     """(output, worst gradient) error of eager in the run dtype against float64 eager."""
-    names = sorted(ref64.grads) if ref64.grads is not None else []
     return (rel_err(eager.out, ref64.out),
-            max(grad_errs(eager.grads, ref64.grads, names, tol.floor).values(), default=0.0))
+            max(all_grad_errs(eager, ref64, tol.floor).values(), default=0.0))
 
 
 def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, tol: Tolerance,
@@ -91,10 +121,13 @@ def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, t
     """ref64: eager in float64 (or in the run dtype when float64 does not fit);
     eager: eager in the run dtype, whose own error sets the slack. `eager_err` overrides that
     error (a float32 reference: eager's error measured against float64 on a sub-batch)."""
-    names = sorted(ref64.grads) if ref64.grads is not None else []
-    missing = [n for n in names if got.grads is None or got.grads.get(n) is None]
+    missing = [n for n in graded(ref64) if got.grads is None or got.grads.get(n) is None]
+    if got.inputs is not None:
+        missing += [n for n, g in (ref64.inputs or {}).items()
+                    if g is not None and got.inputs.get(n) is None]
+    extra = unexpected_grads(got, ref64)
     e_out = rel_err(got.out, ref64.out)
-    errs = grad_errs(got.grads, ref64.grads, names, tol.floor) if names and not missing else {}
+    errs = all_grad_errs(got, ref64, tol.floor) if ref64.grads is not None and not missing else {}
     e_grad = max(errs.values()) if errs else None
     if eager_err is not None:
         slack_out, slack_grad = eager_err
@@ -106,20 +139,26 @@ def check_step(at: str, got: StepResult, ref64: StepResult, eager: StepResult, t
     tol_grad = max(tol.base, SLACK * slack_grad)
     problems = []
     if missing:
-        problems.append(f"{len(missing)} parameter(s) got no gradient (first: {missing[0]})")
+        problems.append(f"{len(missing)} tensor(s) got no gradient (first: {missing[0]})")
+    if extra:
+        problems.append(f"{len(extra)} tensor(s) got a nonzero gradient eager does not give "
+                        f"(first: {extra[0]})")
     if not e_out <= tol_out:
         problems.append(f"output rel err {e_out:.3g} > tol {tol_out:.3g}")
     if e_grad is not None and not e_grad <= tol_grad:
         worst = max(errs, key=errs.get)
         problems.append(f"grad rel err {e_grad:.3g} > tol {tol_grad:.3g} (worst: {worst})")
+    n_in = None if got.inputs is None else sum(g is not None for g in (ref64.inputs or {}).values())
     detail = f"{at}: " + ("; ".join(problems) if problems else f"ok vs {ref_dtype} eager")
+    if n_in:
+        detail += f" (input gradients too: {n_in})"
     detail += f" {ref_note}" if ref_note else ""
     weak = max(slack_out, slack_grad) > WEAK
     if weak:
         detail += (f" (weak check: eager in this dtype is itself {max(slack_out, slack_grad):.2g}"
                    f" from float64)")
     return Check(at, not problems, e_out, e_grad, max(tol_out, tol_grad), detail, weak,
-                 ref_dtype, tol_out, tol_grad)
+                 ref_dtype, tol_out, tol_grad, n_in)
 
 
 def rechecked(first: Check, second: Check, where: str = "on a perturbed batch") -> Check:

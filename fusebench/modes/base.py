@@ -22,6 +22,11 @@ class Mode:
     # device types the mode can run on (empty: any). `-m all` leaves a mode out on other
     # devices (and says so); naming it still gives an `unavailable` record with the reason
     device_types: tuple[str, ...] = ()
+    # whether the prepared callable runs the same plan when an input requires grad: then the
+    # steady check (after timing) also compares the inputs' gradients. False where the mode
+    # specialises on requires_grad (dynamo's guards, TorchScript's profiles): asking would
+    # recompile, and the check would test another plan than the one timed.
+    same_plan_with_input_grads: bool = False
 
     @property
     def option_defaults(self) -> dict[str, Any]:

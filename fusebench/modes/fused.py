@@ -16,6 +16,7 @@ from fusebench.modes.base import Mode, device_of
 @register_mode
 class Fused(Mode):
     name = "fused"
+    same_plan_with_input_grads = True   # no guards: a module run eagerly
     description = ("fusebench op fuser (matches what the code computes, via torch.fx): LN2d "
                    "kernel, BN+act, GroupNorm+act, SE gate, bias+GELU+fc2 MLP, depthwise-conv "
                    "backward, RMSNorm, gated MLP, self-attention without MultiheadAttention's "

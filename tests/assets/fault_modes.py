@@ -95,3 +95,36 @@ class WrongOnItsFirstBatch(Mode):
                 out.register_hook(lambda g: g * 1.5)
             return out
         return fn
+
+
+class _DoubleGrad(torch.autograd.Function):
+    """Identity forward, gradient times 2 in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+@register_mode
+class WrongInputGrad(Mode):
+    """Doubles the gradient that reaches the model's input and nothing else: every parameter
+    gradient is right, as with ops run under no_grad at trace time only (session 31's bug).
+    Runs the same plan whether the input requires grad, so the steady check asks for it."""
+    name = "test_wrong_input_grad"
+    same_plan_with_input_grads = True
+
+    def prepare(self, model, example_inputs, options, events):
+        def fn(x):
+            return model(_DoubleGrad.apply(x))
+        return fn
+
+
+@register_mode
+class WrongInputGradUnasked(WrongInputGrad):
+    """The same fault in a mode that says it specialises on requires_grad: never asked."""
+    name = "test_wrong_input_grad_unasked"
+    same_plan_with_input_grads = False

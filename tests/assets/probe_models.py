@@ -61,3 +61,25 @@ class AutocastProbe(nn.Module):
 
 def autocast_probe():
     return AutocastProbe()
+
+
+class Distill(nn.Module):
+    """A student trained against a teacher run under no_grad (knowledge distillation): the
+    teacher's Parameters are trainable but get no gradient, in eager as in any mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.student = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 10))
+        self.teacher = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        with torch.no_grad():
+            soft = self.teacher(x).softmax(-1)
+        return self.student(x) + soft
+
+    def example_inputs(self, batch, device, dtype):
+        return (torch.randn(batch, 16, device=device, dtype=dtype),)
+
+
+def distill():
+    return Distill()
