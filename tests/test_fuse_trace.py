@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fusebench.fuse import fuse
 from fusebench.fuse.fx import leaves
+from tests.helpers import assert_close_to_float64
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import shape_asserts  # noqa: E402
@@ -238,3 +239,66 @@ def test_a_traced_dtypes_limit_is_read_at_run_time(site_calls):
         assert m.min() == torch.finfo(dtype).min
     assert site_calls["fused_mlp"] == 2
     assert torch.finfo is type(torch.finfo(torch.float32))    # torch's own is back
+
+
+class T5Norm(nn.Module):
+    """T5's LayerNorm, in our words: an RMSNorm that casts to its weight's dtype when that is
+    a half type, decided by an `if` on the Parameter's dtype (HF's T5, LongT5, Pix2Struct)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, h):
+        var = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + 1e-6)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            h = h.to(self.weight.dtype)
+        return self.weight * h
+
+
+class T5Block(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.norm = T5Norm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def test_an_if_on_a_parameters_dtype_is_decided_at_trace_and_guarded(site_calls):
+    model = T5Block()
+    ref = copy.deepcopy(model).double()
+    result = fuse(model, "train")
+    assert result.sites["rms_norm"] == 1 and result.sites["mlp"] == 1
+    assert not [t for k, t in result.notes if k == "fx_fallback"], result.notes
+    x = torch.randn(2, 5, 16)
+    assert_close_to_float64(model, ref, (x,), 1e-5, 1e-5, 1e-5, (x.double(),))
+    assert site_calls["fused_rms_norm"] == 1
+    model.double()                  # the dtype the branch was decided on has changed
+    with pytest.warns(UserWarning, match=r"norm\.weight is torch.float64 .*own forward"):
+        torch.testing.assert_close(model(x.double()), ref(x.double()))
+    assert site_calls["fused_rms_norm"] == 1           # not run: the module's own forward was
+
+
+class BranchesOnWeights(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        if self.weight.sum() > 0:       # the weights' values: data, not decided at trace
+            return x * self.weight
+        return x
+
+
+def test_an_if_on_a_parameters_values_or_an_inputs_dtype_still_fails_the_trace():
+    from fusebench.fuse.fx.trace import _Tracer
+
+    class BranchesOnInputDtype(nn.Module):
+        def forward(self, x):
+            return x.half() if x.dtype == torch.float32 else x
+    for m in (BranchesOnWeights(), BranchesOnInputDtype()):
+        with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
+            _Tracer(set()).trace(m)

@@ -10,7 +10,8 @@ the module-level rules) are matched. Standard torch.nn modules, the fuser's own 
 modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are leaves. Beyond
 what fx traces by itself: grad / autocast `with` blocks (fx/modes.py), `*shape` and a
 forward's `**kwargs` passed on (fx/stars.py), `torch.ones(T, T)` and `torch.finfo(x.dtype)`
-of traced values (fx/shims.py), a chunk iterated, an `assert` (below).
+of traced values (fx/shims.py), an `if` on a Parameter's dtype or device (fx/static.py), a
+chunk iterated, an `assert` (below).
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
@@ -29,7 +30,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import leaves, modes, shims, specialise, stars, torch_modules
+from fusebench.fuse.fx import leaves, modes, shims, specialise, stars, static, torch_modules
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -45,6 +46,7 @@ class _Tracer(fx.Tracer):
         self.proxy_buffer_attributes = buffers
         self.modes: modes.Recorder | None = None
         self.kwargs_dropped = False
+        self.static_reads: dict = {}       # fx/static.py: Parameter dtypes an `if` read
 
     def trace(self, root, concrete_args=None):
         """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
@@ -54,6 +56,7 @@ class _Tracer(fx.Tracer):
             graph = super().trace(root, concrete_args)
         stars.resolve(graph)
         setattr(graph, stars.DROPPED, self.kwargs_dropped)
+        setattr(graph, static.READS, self.static_reads)
         return graph
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -79,7 +82,12 @@ class _Tracer(fx.Tracer):
         generally) stopped the trace: a Proxy has no truth value. Where the truth value is
         asked by an assert, the graph checks it at run time (torch._assert raises the same
         AssertionError eager would) and tracing goes on past it. fx's own trace_asserts reads
-        the bytecode of Python <= 3.10 only. An `if` on a traced value still fails."""
+        the bytecode of Python <= 3.10 only. An `if` on a Parameter's dtype or device is
+        decided now and guarded at call time (fx/static.py); on other traced values it still
+        fails."""
+        known = static.truth(obj.node, self.root, self.static_reads)
+        if known is not None:
+            return known
         user = inspect.currentframe().f_back.f_back          # to_bool <- Proxy.__bool__ <- code
         if user is not None and _asserts(user):
             where = f"{user.f_code.co_filename.rsplit('/', 1)[-1]}:{user.f_lineno}"
@@ -234,6 +242,7 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
                 gm.fusebench_fixed = (inspect.signature(root.forward), key)
                 gm.fusebench_variant = i
                 gm.fusebench_kwargs_dropped = getattr(graph, stars.DROPPED, False)
+                setattr(gm, static.READS, getattr(graph, static.READS, {}))
             return gms
         return first
 
@@ -307,6 +316,9 @@ def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
         code = _unwinding(code)
     if any(getattr(gm, "fusebench_kwargs_dropped", False) for gm in gms):
         code = _no_extra_kwargs(code, signature, type(m).forward)
+    reads = {k: v for gm in gms for k, v in getattr(gm, static.READS, {}).items()}
+    if reads:
+        code = _static_guarded(code, reads, type(m).forward)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
@@ -323,6 +335,18 @@ def _no_extra_kwargs(code, signature: inspect.Signature, own):
 
     def run(self, *args, **kwargs):
         if kwargs.keys() - named:
+            return own(self, *args, **kwargs)
+        return code(self, *args, **kwargs)
+    return run
+
+
+def _static_guarded(code, reads: dict, own):
+    """The graph decided `if`s on these tensors' dtype / device (fx/static.py): once one has
+    changed (`model.half()` after fusing), the class's own forward runs, and says so once."""
+    def run(self, *args, **kwargs):
+        why = static.changed(self, reads)
+        if why is not None:
+            static.warn_once(type(self).__name__, why)
             return own(self, *args, **kwargs)
         return code(self, *args, **kwargs)
     return run
