@@ -739,7 +739,8 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
 def test_hf_llama_in_float32_runs_sdpa_and_a_call_with_extra_keywords_runs_as_written(site_calls):
     """The current-HF layout in float32 (float64 runs the code's float32 softmax as written):
     the whole model traces, its attentions run SDPA, forward and gradients close to float64
-    eager. A call that gives keywords the model's **kwargs passes on runs its own forward."""
+    eager. A call that gives keywords the model's **kwargs passes on runs its own forward; one
+    whose keyword the forward's decorator takes runs the graph under the decorator."""
     ref = build(hf_llama.make)
     model = copy.deepcopy(ref).float()
     res = fuse(model, "train")
@@ -753,6 +754,10 @@ def test_hf_llama_in_float32_runs_sdpa_and_a_call_with_extra_keywords_runs_as_wr
     site_calls.clear()
     torch.testing.assert_close(model(*ids, output_attentions=False), y)
     assert site_calls["fused_attention"] == 0
+    # the forward's decorator runs at call time, around the graph: it takes its keyword
+    (again,) = model(*ids, return_tuple=True)
+    torch.testing.assert_close(again, y)
+    assert site_calls["fused_attention"] == 2
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))

@@ -4,6 +4,7 @@ values checked at run time. Each against eager, and each failure mode as eager's
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -302,3 +303,129 @@ def test_an_if_on_a_parameters_values_or_an_inputs_dtype_still_fails_the_trace()
     for m in (BranchesOnWeights(), BranchesOnInputDtype()):
         with pytest.raises(Exception, match="symbolically traced variables cannot be used"):
             _Tracer(set()).trace(m)
+
+
+# ----- decorated forwards, HF-style hub kernels, isinstance on traced values -----------------
+
+def keyword_defaults(**defaults):
+    """A decorator in the shape of HF's (`can_return_tuple`, `deprecate_kwarg`): it takes
+    `(self, *args, **kwargs)`, fills keyword defaults from its own table and passes them on."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            for k, v in defaults.items():
+                kwargs.setdefault(k, v)
+            return fn(self, *args, **kwargs)
+        return wrapper
+    return wrap
+
+
+class _Rotate(nn.Module):
+    """A per-model kernel object kept in a dict, not a submodule (HF's hub-kernel layers)."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, -1)
+        return torch.cat((-b, a), -1)
+
+
+_ROTATE = {}
+
+
+def rotate(x):
+    return _ROTATE.setdefault("rotate", _Rotate())(x)
+
+
+class DecoratedBlock(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    @keyword_defaults(scale=1.0)
+    def forward(self, x, mask=None, scale=2.0, **kwargs):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        out = x + scale * self.fc2(F.gelu(self.fc1(rotate(h))))
+        return out if mask is None else out * mask
+
+
+@pytest.mark.parametrize("root", [True, False], ids=["the_root", "a_child"])
+def test_a_decorated_forward_and_a_kernel_object_outside_the_module_trace(site_calls, root):
+    # fx runs a child's decorator as called; the root's forward it enters by its signature
+    model = DecoratedBlock() if root else nn.Sequential(DecoratedBlock(), DecoratedBlock())
+    n = 1 if root else 2
+    ref = copy.deepcopy(model).double()
+    result = fuse(model, "train")
+    assert result.sites["rms_norm"] == n and result.sites["mlp"] == n
+    assert not [t for k, t in result.notes if k == "fx_fallback"], result.notes
+    x = torch.randn(2, 5, 16)
+    assert_close_to_float64(model, ref, (x,), 1e-5, 1e-5, 1e-5, (x.double(),))
+    assert site_calls["fused_rms_norm"] == n
+    block, block64 = (model, ref) if root else (model[0], ref[0])
+    m = torch.rand(2, 5, 16)        # the graph traced for a mask given
+    torch.testing.assert_close(block(x, m), block64(x.double(), m.double()).float())
+    # the decorator's default of scale (1.0, not the signature's 2.0), as in eager
+    torch.testing.assert_close(block(x), block64(x.double()).float())
+    torch.testing.assert_close(block(x, scale=3.0), block64(x.double(), scale=3.0).float())
+    # the root's calls ran its graph under the decorator; a child's own calls (not through
+    # its parent's graph) run its class's forward
+    assert site_calls["fused_rms_norm"] == (n + 3 if root else n)
+
+
+class Cache:
+    """A library's object passed along the tensors (HF's Cache classes)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def update(self, t):
+        self.seen.append(t)
+        return t
+
+
+class AsksTheType(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, cache=None):
+        if isinstance(cache, Cache):     # fx would answer False for any traced cache
+            x = cache.update(x * 2)
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_isinstance_of_a_traced_value_against_a_class_stops_the_trace_with_a_reason():
+    from fusebench.fuse.fx.trace import _Tracer
+    with pytest.raises(Exception, match=r"isinstance of a traced value \(cache\) against Cache"):
+        _Tracer(set()).trace(AsksTheType())
+    model = AsksTheType()
+    ref = copy.deepcopy(model)
+    fuse(model, "train")
+    x, cache = torch.randn(2, 16), Cache()
+    with pytest.warns(UserWarning, match="called with other"):
+        torch.testing.assert_close(model(x, cache), ref(x, Cache()))
+    assert len(cache.seen) == 1                      # the call ran the branch eager runs
+    torch.testing.assert_close(model(x), ref(x))
+
+
+class ParameterType(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        if isinstance(self.fc2.weight, torch.Tensor):   # T5's check: its class is no data
+            x = x * 2
+        if isinstance(x, (list, tuple)):                 # builtin classes: fx's False stands
+            x = torch.cat(x, -1)
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_isinstance_of_a_parameter_is_answered_and_builtin_classes_keep_fxs_answer(site_calls):
+    model = ParameterType()
+    ref = copy.deepcopy(model)
+    assert fuse(model, "train").sites["mlp"] == 1
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), ref(x))
+    assert site_calls["fused_mlp"] == 1
+    import builtins
+    assert builtins.isinstance.__module__ == "builtins"    # Python's own is back

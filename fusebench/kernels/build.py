@@ -23,7 +23,10 @@ from fusebench.errors import describe
 # -O3 + -march=native: the inner loops over H*W / C are written for the auto-vectoriser;
 # -fopenmp: at::parallel_for is a header template that only parallelises under OpenMP, and
 # `#pragma omp simd` needs it too (libgomp.so.1 resolves to the one torch already loaded).
-DEFAULT_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17")
+# No -std: cpp_extension passes the standard the installed torch's headers need (2.13 passes
+# C++20, and 2.14's headers refuse anything older); a -std of ours came after it and won, so
+# under torch 2.14 every C++ kernel failed to build and fell back to its `function` impl.
+DEFAULT_CFLAGS = ("-O3", "-march=native", "-fopenmp")
 DEFAULT_LDFLAGS = ("-fopenmp",)
 
 

@@ -11,7 +11,8 @@ modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are le
 what fx traces by itself: grad / autocast `with` blocks (fx/modes.py), `*shape` and a
 forward's `**kwargs` passed on (fx/stars.py), `torch.ones(T, T)` and `torch.finfo(x.dtype)`
 of traced values (fx/shims.py), an `if` on a Parameter's dtype or device (fx/static.py), a
-chunk iterated, an `assert` (below).
+forward behind decorators (traced without them, run with them: fx/wrapped.py), a chunk iterated, an `assert`
+(below).
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
@@ -30,7 +31,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import leaves, modes, shims, specialise, stars, static, torch_modules
+from fusebench.fuse.fx import (leaves, modes, shims, specialise, stars, static, torch_modules,
+                               typecheck, wrapped)
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -52,7 +54,7 @@ class _Tracer(fx.Tracer):
         """fx's trace, with the grad / autocast `with` blocks it runs through kept in the
         graph (fx/modes.py), and values star-unpacked spliced in (fx/stars.py)."""
         self.modes = modes.Recorder(self._node)
-        with self.modes.patched(), shims.installed():
+        with self.modes.patched(), shims.installed(), typecheck.installed():
             graph = super().trace(root, concrete_args)
         stars.resolve(graph)
         setattr(graph, stars.DROPPED, self.kwargs_dropped)
@@ -72,6 +74,19 @@ class _Tracer(fx.Tracer):
         if self.modes is not None:
             node.meta[modes.REGION] = self.modes.region()
         return node
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        """A module called that is not one of the root's submodules has no path for a graph
+        node (fx raised "module is not installed as a submodule"): HF's hub-kernel functions
+        call a per-model wrapper module kept in a dict. One without state is traced through
+        as the function it is; one with Parameters or buffers still stops the trace."""
+        try:
+            self.path_of_module(m)
+        except NameError:
+            if next(m.parameters(), None) is None and next(m.buffers(), None) is None:
+                return forward(*args, **kwargs)
+            raise
+        return super().call_module(m, forward, args, kwargs)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
@@ -221,7 +236,7 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     def trace(m):
         if isinstance(m, CONTAINERS) or torch_modules.walked_only(m):
             return None
-        first, root = None, torch_modules.traced_as(m)
+        first, root = None, wrapped.stand_in(torch_modules.traced_as(m))
         # buffers as real tensors first (as fx does); then as graph values, for code that
         # slices one by a traced length (nanoGPT's causal mask, RoPE tables: `buf[:t]`)
         for buffers in (False, True):
@@ -308,23 +323,26 @@ def install(m: nn.Module, gms: list[fx.GraphModule]) -> None:
         variants.append((getattr(gm, "fusebench_fixed", (None, {})), type(gm).forward))
     (signature, key), code = variants[0]
     traced_training = m.training
+    # what runs where the graph does not: the class's forward, or under its decorators (which
+    # run at call time around either) the function they wrap (fx/wrapped.py)
+    inner = wrapped.undecorated(m)
+    own = inner or type(m).forward
     if key:                          # optional arguments the trace fixed (fx/specialise.py)
-        code = specialise.guarded([(k, c) for (_, k), c in variants], signature,
-                                  type(m).forward)
+        code = specialise.guarded([(k, c) for (_, k), c in variants], signature, own)
 
     if any(modes.has_modes(gm.graph) for gm in gms):
         code = _unwinding(code)
     if any(getattr(gm, "fusebench_kwargs_dropped", False) for gm in gms):
-        code = _no_extra_kwargs(code, signature, type(m).forward)
+        code = _no_extra_kwargs(code, signature, own)
     reads = {k: v for gm in gms for k, v in getattr(gm, static.READS, {}).items()}
     if reads:
-        code = _static_guarded(code, reads, type(m).forward)
+        code = _static_guarded(code, reads, own)
 
     def forward(self, *args, **kwargs):
         if self.training != traced_training:
-            return type(self).forward(self, *args, **kwargs)
+            return own(self, *args, **kwargs)
         return code(self, *args, **kwargs)
-    m.forward = types.MethodType(forward, m)
+    m.forward = types.MethodType(wrapped.rebuild_around(m, forward) if inner else forward, m)
 
 
 def _no_extra_kwargs(code, signature: inspect.Signature, own):
