@@ -11,8 +11,9 @@ modules with hooks (inlining one would skip its hooks) and fx/leaves.py's are le
 what fx traces by itself: grad / autocast `with` blocks (fx/modes.py), `*shape` and a
 forward's `**kwargs` passed on (fx/stars.py), `torch.ones(T, T)` and `torch.finfo(x.dtype)`
 of traced values (fx/shims.py), an `if` on a Parameter's dtype or device (fx/static.py), a
-forward behind decorators (traced without them, run with them: fx/wrapped.py), a chunk iterated, an `assert`
-(below).
+forward behind decorators (traced without them, run with them: fx/wrapped.py), a chunk
+iterated, an `assert` (below). `isinstance` of a traced value is answered only where the
+answer is sure (fx/typecheck.py).
 
 A rewritten graph never replaces a module: the module keeps its class, children, Parameters and
 names, and only its `forward` becomes the generated code (reading `self.<path>` at call time,
