@@ -69,6 +69,22 @@ def test_quick_runs_a_token_model_without_its_image_size():
         plan_run(RunRequest(models=GPT, modes="eager", quick=True, img_sizes="64"))
 
 
+def test_quick_keeps_the_size_of_a_model_that_takes_one_size_only():
+    """A model declaring `fixed_input_size` (timm's name; its ViTs and Swins set it) runs at
+    its own size under --quick, where the 96 px preset would fail eager itself; an explicit
+    --img-size is still given to it."""
+    from fusebench.run.plan import RunRequest, plan_run
+    fixed = f"{ASSETS / 'probe_models.py'}:fixed_size"
+    (spec,) = plan_run(RunRequest(models=fixed, modes="eager", quick=True, threads=1))
+    assert spec.model.size_preset and spec.model.img_size == 96
+    rec = _run(spec)
+    assert rec.status == "ok" and rec.spec.model.img_size == 32, rec.error
+    (asked,) = plan_run(RunRequest(models=fixed, modes="eager", quick=True, img_sizes="64",
+                                   threads=1))
+    with pytest.raises(ValueError, match="not the model's 32x32"):   # the worker's record
+        _run(asked)
+
+
 def test_a_failed_cell_of_a_token_model_under_quick_says_no_size_ran(tmp_path):
     """A token model that fails after making its inputs: the worker's error record carries
     the size the cell noted (none), not --quick's preset 96 px."""

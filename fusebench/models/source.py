@@ -83,9 +83,12 @@ class ModelSource:
         dtype)` where it has one (see models/inputs.py), else a float image batch of
         `input_size`. The image batch is drawn from `generator` (seed 0 when None). An
         img_size the user asked for does not apply to a model with its own inputs (a
-        UsageError); a preset one (size_preset: --quick's) is dropped there."""
+        UsageError); a preset one (size_preset: --quick's) is dropped there, and for a model
+        whose size is fixed (fixed_size)."""
         device = torch.device(device)
         hook = model_inputs.find_hook(model, self.factory)
+        if size_preset and fixed_size(model, self.factory):
+            img_size = None
         if hook is None:
             size = self.input_size(bench, img_size, model=model)
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
@@ -120,6 +123,18 @@ class ModelSource:
             raise UsageError(f"--img-size must be positive, got {size}")
         if size < self.min_size:
             raise UsageError(f"{self.name} needs --img-size >= {self.min_size}, got {size}")
+
+
+def fixed_size(model: nn.Module | None, factory: Callable | None) -> bool:
+    """The model takes one input size only: timm's `pretrained_cfg["fixed_input_size"]` (ViT,
+    Swin, ... assert their patch grid), or a `fixed_input_size = True` attribute on a user's
+    model or factory (the same name). --quick's smaller preset size is not given to these:
+    eager itself would fail on it."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("fixed_input_size"):
+        return True
+    return any(getattr(owner, "fixed_input_size", False) is True
+               for owner in (model, factory) if owner is not None)
 
 
 def resolve_model(text: str) -> ModelSource:
