@@ -429,3 +429,25 @@ def test_isinstance_of_a_parameter_is_answered_and_builtin_classes_keep_fxs_answ
     assert site_calls["fused_mlp"] == 1
     import builtins
     assert builtins.isinstance.__module__ == "builtins"    # Python's own is back
+
+
+class FixedHeight(nn.Module):
+    """timm's patch-embedding check: a message formatted from traced values."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = x.shape[1]
+        torch._assert(h == 4, f"Input height ({h}) doesn't match model (4).")
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_an_assert_message_formatted_from_traced_values_is_formatted_at_run_time(site_calls):
+    model = FixedHeight()
+    assert fuse(model, "train").sites["mlp"] == 1
+    model(torch.randn(2, 4, 8))
+    assert site_calls["fused_mlp"] == 1
+    with pytest.raises(AssertionError, match=r"^Input height \(6\) doesn't match model \(4\)\.$"):
+        model(torch.randn(2, 6, 8))

@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import dis
 import inspect
+import re
 import types
 
 import torch
@@ -58,6 +59,7 @@ class _Tracer(fx.Tracer):
         with self.modes.patched(), shims.installed(), typecheck.installed():
             graph = super().trace(root, concrete_args)
         stars.resolve(graph)
+        _format_at_run_time(graph)
         setattr(graph, stars.DROPPED, self.kwargs_dropped)
         setattr(graph, static.READS, self.static_reads)
         return graph
@@ -129,6 +131,36 @@ class _Tracer(fx.Tracer):
             return super().iter(obj)
         self.create_proxy("call_function", has_parts, (obj, count), {})
         return iter([obj[i] for i in range(count)])
+
+
+_PROXY_TEXT = re.compile(r"Proxy\((\w+)\)")
+
+
+def _format_at_run_time(graph: fx.Graph) -> None:
+    """An assert whose message the code formatted at trace time (timm's patch embedding:
+    `_assert(H == size, f"Input height ({H}) doesn't match model ({size}).")`) said "Input
+    height (Proxy(getitem_2))" when it fired in the graph. Such a message is formatted
+    again from those values at run time, as eager formats it."""
+    nodes = {n.name: n for n in graph.nodes}
+    for n in list(graph.nodes):
+        if not (n.op == "call_function" and n.target is torch._assert and len(n.args) > 1
+                and isinstance(n.args[1], str)):
+            continue
+        parts = _PROXY_TEXT.split(n.args[1])
+        names = parts[1::2]
+        if names and all(name in nodes for name in names):
+            with graph.inserting_before(n):
+                text = graph.call_function(message, (tuple(parts[0::2]),
+                                                     *(nodes[name] for name in names)))
+            n.args = (n.args[0], text, *n.args[2:])
+
+
+def message(texts: tuple, *values) -> str:
+    """texts[0] + str(values[0]) + texts[1] + ...: a trace-time f-string, at run time."""
+    out = [texts[0]]
+    for value, text in zip(values, texts[1:]):
+        out += [str(value), text]
+    return "".join(out)
 
 
 def _asserts(frame) -> bool:
