@@ -415,8 +415,8 @@ class ParameterType(nn.Module):
     def forward(self, x):
         if isinstance(self.fc2.weight, torch.Tensor):   # T5's check: its class is no data
             x = x * 2
-        if isinstance(x, (list, tuple)):                 # builtin classes: fx's False stands
-            x = torch.cat(x, -1)
+        if isinstance(x, (list, tuple)) or isinstance(x, dict | None):   # builtin classes:
+            x = torch.cat(x, -1)                                          # fx's False stands
         return self.fc2(F.gelu(self.fc1(x)))
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import sys
+import types
+import typing
 
 import torch.fx as fx
 
@@ -29,8 +31,9 @@ _PYTHON = {"torch", "fusebench", *sys.stdlib_module_names}
 
 
 def _classes(cls) -> tuple:
-    if _real(cls, tuple):
-        return tuple(c for part in cls for c in _classes(part))
+    """The classes `isinstance` tests: a tuple's or a union's (`int | None`) members."""
+    if _real(cls, (tuple, types.UnionType)):
+        return tuple(c for part in typing.get_args(cls) or cls for c in _classes(part))
     return (cls,)
 
 
@@ -47,7 +50,7 @@ def _checked(obj, cls) -> bool:
         except static.NotStatic:
             pass
     classes = _classes(cls)
-    if _real(obj, cls) or all(c.__module__ == "builtins" for c in classes):
+    if _real(obj, cls) or all(getattr(c, "__module__", "") == "builtins" for c in classes):
         return _real(obj, cls)
     names = ", ".join(c.__name__ for c in classes)
     raise fx.proxy.TraceError(f"isinstance of a traced value ({node.name}) against {names} is "
