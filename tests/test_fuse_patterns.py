@@ -1088,14 +1088,45 @@ def test_a_float64_x_under_float32_casts_computes_what_the_user_wrote(site_calls
     assert torch.equal(y, ref(x))
 
 
-class Unweighted(nn.Module):           # no weight, and Gemma's (1 + w)
+class Unweighted(nn.Module):           # normalised, and then no weight multiplies it
     def __init__(self, c):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(c))
 
     def forward(self, x):
         n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return n + n * (1.0 + self.w)
+        return n + self.w
+
+
+class GemmaNorm(nn.Module):
+    """Gemma's RMSNorm, in our words: the weight stored as an offset from 1 and applied in
+    float32, the result cast back at the end."""
+
+    def __init__(self, c, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(0.1 * torch.randn(c))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return (self._norm(x.float()) * (1.0 + self.weight.float())).type_as(x)
+
+
+def test_gemmas_offset_weight_is_an_rms_norm_site(site_calls):
+    model = GemmaNorm(16)
+    ref = copy.deepcopy(model).double()
+    result = fuse(model, "train")
+    assert result.sites["rms_norm"] == 1
+    assert not [m for cat, m in result.notes if cat == "not_fused"], result.notes
+    x = torch.randn(3, 5, 16)
+    y = assert_close_to_float64(model, ref, (x,), 1e-5, 1e-5, 1e-5, (x.double(),))
+    assert _rms_nodes(y) == 1 and site_calls["fused_rms_norm"] == 1     # the kernel ran
+    bf16 = copy.deepcopy(ref).to(torch.bfloat16)      # kernel would round 1 + w in bfloat16:
+    eager = copy.deepcopy(bf16)                       # the site computes Gemma's spelling
+    fuse(bf16, "train")
+    xb = x.to(torch.bfloat16)
+    assert torch.equal(bf16(xb), eager(xb)) and site_calls["fused_rms_norm"] == 2
 
 
 def test_an_rms_norm_without_a_weight_multiply_is_a_reason():

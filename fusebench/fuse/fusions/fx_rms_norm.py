@@ -4,7 +4,8 @@ CUDA: aten's fused F.rms_norm, binding.RMS_NORM_PREFERRED):
   torch.nn.RMSNorm (with a weight), F.rms_norm(x, (C,), w, eps)
   written out, LLaMA / HF / T5 style: w * (x * rsqrt(mean(x**2 | x.pow(2) | x*x, -1,
   keepdim=True) + eps)), or (...) * w, or x / sqrt(ms + eps); with the float32 casts those
-  models put around it (`x.float()`, `.to(torch.float32)`, `.to(input_dtype)`, `.type_as(x)`).
+  models put around it (`x.float()`, `.to(torch.float32)`, `.to(input_dtype)`, `.type_as(x)`);
+  Gemma's weight stored as an offset from 1, `(...) * (1.0 + w.float())`.
 The casts say "compute in float32, return x's dtype": the kernel accumulates in float32 for
 float32 and bfloat16 x and rounds once, where the spelled form rounds the normalised value
 before the weight's multiply (the two differ by at most a bfloat16 ulp). A float64 x under
@@ -34,15 +35,18 @@ def _spelled(x, w, eps, up: tuple[bool, bool], down: bool):
     return w * (n.to(x.dtype) if down else n)
 
 
-def rms_norm_site(ctx, eps: float | None, fallback, in_float32: bool = False) -> Site:
+def rms_norm_site(ctx, eps: float | None, fallback, in_float32: bool = False,
+                  weight=None) -> Site:
     """fn(x, w): the bound kernel where it computes what the user's code does, else
     `fallback(x, w, eps)`. in_float32: the spelling casts x to float32 (so a float64 x is not
-    the kernel's). eps None is nn.RMSNorm's default: the machine epsilon of x's dtype."""
+    the kernel's). eps None is nn.RMSNorm's default: the machine epsilon of x's dtype.
+    weight: the code's weight from the Parameter (Gemma's `1 + w.float()`), default w."""
     if ctx.rms_norm is None:
         ctx.rms_norm = resolve_rms_norm(ctx.device, ctx.notes, ctx.impls.get("rms_norm"))
     _, fn, takes = ctx.rms_norm
 
     def run(x, w):
+        w = w if weight is None else weight(w)
         e = torch.finfo(x.dtype).eps if eps is None else eps
         if x.dtype == w.dtype and (takes is None or x.dtype in takes) and x.dim() >= 1 \
                 and not (in_float32 and x.dtype == torch.float64):
@@ -120,22 +124,43 @@ def rms_norm(n, scope):
                              lambda x, w, e: F.rms_norm(x, (x.shape[-1],), w, e))
         return Hit("rms_norm", n, site, (x, Attr(w)))
     for w_node, normed in N.commuted(n, "mul"):
-        w = N.last_param(w_node)
+        w, weight, w_nodes = N.last_param(w_node), None, (w_node,)
+        if w is None:
+            w, weight, w_nodes = _one_plus(w_node)
         core, down = _uncast(normed)
         got = _normalised(core) if w else None
         if got is None:
             continue
         x, eps, up, nodes = got
         site = rms_norm_site(scope.ctx, eps, lambda x, w, e, up=up, down=bool(down):
-                             _spelled(x, w, e, up, down), in_float32=any(up))
-        return Hit("rms_norm", n, site, (x, Attr(w)), (normed, *down, core, *nodes, w_node))
+                             _spelled(x, w, e, up, down), in_float32=any(up), weight=weight)
+        return Hit("rms_norm", n, site, (x, Attr(w)), (normed, *down, core, *nodes, *w_nodes))
     got = _normalised(n)
-    if got is not None and not any(N.op(u) == "mul" and any(N.last_param(o) for o in
+    if got is not None and not any(N.op(u) == "mul" and any(_weight_path(o) for o in
                                                             N.operands(u) or ())
                                    for u in _users_through_casts(n)):
         return Miss("rms_norm", "no 1-D weight Parameter multiplies the normalised x "
                                 "(the kernel takes x * rsqrt(mean(x^2) + eps) * w)")
     return None
+
+
+def _weight_path(n) -> str | None:
+    return N.last_param(n) or _one_plus(n)[0]
+
+
+def _one_plus(n) -> tuple:
+    """(path, weight fn, nodes) where n is `1 + w` of a 1-D Parameter w, possibly cast to
+    float32 first (Gemma's RMSNorm stores w around 0: `x * (1.0 + self.weight.float())`), the
+    fn computing that from w as the code does; else (None, None, ())."""
+    if N.op(n) != "add":
+        return None, None, ()
+    for one, p in N.commuted(n, "add"):
+        param, casts = _uncast(p)
+        path = N.last_param(param)
+        if N.number(one) == 1.0 and path is not None:
+            return path, (lambda w: 1.0 + w.float()) if casts else (lambda w: 1.0 + w), \
+                (n, *casts)
+    return None, None, ()
 
 
 def _users_through_casts(n) -> list:
