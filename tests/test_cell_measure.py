@@ -228,3 +228,9 @@ def test_a_frozen_branch_without_gradients_passes():
     rec = _run(model=f"{ASSETS / 'probe_models.py'}:distill", mode="fused")
     assert rec.status == "ok", rec.correctness
     assert rec.correctness.max_rel_err_grad is not None
+
+
+def test_input_gradients_of_a_model_that_changes_its_input_in_place():
+    rec = _run(model=f"{ASSETS / 'probe_models.py'}:scales_in_place", mode="fused")
+    assert rec.status == "ok", rec.correctness
+    assert rec.extra["correctness_reference"][1]["input_grads"] == 1

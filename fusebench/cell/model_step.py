@@ -86,14 +86,16 @@ class Step:
                 out = first_tensor(self.fn(*self.inputs))
             return corr.StepResult(out, None)
         self.model.zero_grad(set_to_none=True)
-        args = _requiring_grad(self.inputs) if input_grads else self.inputs
+        leaves = _requiring_grad(self.inputs) if input_grads else {}
+        # each leaf passed as a copy: a forward that scales its input in place (`x /= 255`)
+        # may, as it may on the step's own inputs; autograd does not allow it on a leaf
+        args = tuple(leaves[i].clone() if i in leaves else a for i, a in enumerate(self.inputs))
         with self.autocast():
             out = first_tensor(self.fn(*args))
             loss = self.loss(out)
         loss.backward()
         grads = {n: p.grad for n, p in self.model.named_parameters() if p.requires_grad}
-        inputs = ({f"input {i}": a.grad for i, a in enumerate(args)
-                   if torch.is_tensor(a) and a.requires_grad} if input_grads else None)
+        inputs = {f"input {i}": a.grad for i, a in leaves.items()} if input_grads else None
         result = corr.StepResult(out.detach(), grads, inputs)
         if update:
             self.opt.step()
@@ -103,10 +105,10 @@ class Step:
         self.run()
 
 
-def _requiring_grad(args: tuple) -> tuple:
-    """The args with each float tensor replaced by a leaf copy that requires grad."""
-    return tuple(a.detach().clone().requires_grad_() if torch.is_tensor(a)
-                 and a.is_floating_point() else a for a in args)
+def _requiring_grad(args: tuple) -> dict[int, torch.Tensor]:
+    """{position: a leaf copy that requires grad} of each float tensor in args."""
+    return {i: a.detach().clone().requires_grad_() for i, a in enumerate(args)
+            if torch.is_tensor(a) and a.is_floating_point()}
 
 
 def eager_step(model: nn.Module, inputs: tuple, loss: Loss, train: bool,
