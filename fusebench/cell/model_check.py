@@ -68,27 +68,26 @@ class ReferenceRunner:
         self.train = spec.model.bench == "train"
         self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
         self.no_float64: str | None = None   # why the model fails in float64, once it did
-        self.input_grads = False   # set per check: whether the mode's step kept input grads
 
     def check(self, at: str, got: corr.StepResult, state: dict,
               working_set: int | None, inputs: ModelInputs | None = None) -> corr.Check:
         """got (the mode's step on `inputs`, default the cell's) against eager at `state`."""
         inputs = inputs or self.inputs
-        self.input_grads = got.inputs is not None   # the reference answers what was asked
+        asked = got.inputs is not None      # input gradients: the reference answers the same
         batch = self.spec.model.batch_size
         n = float64_batch(torch.device(self.spec.device), working_set, batch)
         self.model.load_state_dict(state)
-        eager = _clone(self._eager(inputs.args, self.loss))
+        eager = _clone(self._eager(inputs.args, self.loss, asked))
         if n == batch and self.no_float64 is None:
-            ref = self._float64_or_none(inputs.reference(), self.loss)
+            ref = self._float64_or_none(inputs.reference(), self.loss, asked)
             if ref is not None:
                 return corr.check_step(at, got, ref, eager, self.tol, "float64")
         err, note = None, "(no float64 copy fits: bare tolerance)"
         if n and n < batch and self.no_float64 is None:
             self.model.load_state_dict(state)
             args, loss = _sub_args(inputs.args, batch, n), self.loss.sub(n)
-            sub_eager = _clone(self._eager(args, loss))
-            sub_ref = self._float64_or_none(ModelInputs(args).reference(), loss)
+            sub_eager = _clone(self._eager(args, loss, asked))
+            sub_ref = self._float64_or_none(ModelInputs(args).reference(), loss, asked)
             if sub_ref is not None:
                 err = corr.eager_error(sub_eager, sub_ref, self.tol)
                 note = f"(eager's own error from float64 on a sub-batch of {n})"
@@ -96,27 +95,26 @@ class ReferenceRunner:
             note = f"(the model fails in float64: {self.no_float64}; bare tolerance)"
         return corr.check_step(at, got, eager, eager, self.tol, self.spec.dtype, err, note)
 
-    def _eager(self, args: tuple, loss: Loss) -> corr.StepResult:
+    def _eager(self, args: tuple, loss: Loss, input_grads: bool) -> corr.StepResult:
         try:
-            return eager_step(self.model, args, loss, self.train, self.autocast,
-                              self.input_grads)
+            return eager_step(self.model, args, loss, self.train, self.autocast, input_grads)
         finally:   # the caller clones what it keeps: no reference grads live through timing
             self.model.zero_grad(set_to_none=True)
 
-    def _float64_or_none(self, args: tuple, loss: Loss) -> corr.StepResult | None:
+    def _float64_or_none(self, args: tuple, loss: Loss,
+                         input_grads: bool) -> corr.StepResult | None:
         """The float64 step, or None (and why, kept: later checks skip it) where the model's
         own code fails in float64: an error there is the model's, not the mode's under test."""
         try:
-            return self._float64(args, loss)
+            return self._float64(args, loss, input_grads)
         except (RuntimeError, TypeError, ValueError) as e:
             self.no_float64 = first_line(str(e))
             return None
 
-    def _float64(self, args: tuple, loss: Loss) -> corr.StepResult:
+    def _float64(self, args: tuple, loss: Loss, input_grads: bool) -> corr.StepResult:
         m64 = copy.deepcopy(self.model).double()
         try:
-            return eager_step(m64, args, loss, self.train, contextlib.nullcontext,
-                              self.input_grads)
+            return eager_step(m64, args, loss, self.train, contextlib.nullcontext, input_grads)
         finally:
             del m64
 

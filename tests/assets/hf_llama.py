@@ -100,7 +100,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
         d = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        steps = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+        inv_freq = 1.0 / (config.rope_theta ** steps)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scaling = 1.0
 

@@ -26,7 +26,7 @@ import torch.fx as fx
 from fusebench.fuse.fx import static
 
 _real = builtins.isinstance
-_OWN = ("torch.", "fusebench.")     # callers answered as Python would, with the stdlib's
+# callers answered as Python would: torch's, fusebench's and the standard library's code
 _PYTHON = {"torch", "fusebench", *sys.stdlib_module_names}
 
 
@@ -41,7 +41,7 @@ def _checked(obj, cls) -> bool:
     if not _real(obj, fx.Proxy):
         return _real(obj, cls)
     caller = sys._getframe(1).f_globals.get("__name__", "")
-    if caller.startswith(_OWN) or caller.partition(".")[0] in _PYTHON:
+    if caller.partition(".")[0] in _PYTHON:
         return _real(obj, cls)
     node = obj.node
     if node.op == "get_attr":
