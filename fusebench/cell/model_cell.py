@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from fusebench.cell.model_step import CHECK_SEED, Loss, Step, first_tensor
-from fusebench.cell.model_check import ReferenceRunner, record_correctness
+from fusebench.cell.model_check import ReferenceRunner, checked_step, record_correctness
 from fusebench.cell.report import Reporter
 from fusebench.dtypes import amp_dtype_name, torch_dtype
 from fusebench.cell.rank_cell import RankRun
@@ -151,8 +151,12 @@ def _steady_result(b: Built, step: Step, mode) -> tuple[dict, corr.StepResult]:
     """Weights after the timed steps and one more step on them (no update), with the inputs'
     gradients where the mode runs the same plan when an input requires grad (Mode docstring)
     and the run is single-process training."""
+    return _result_now(b, step, mode.same_plan_with_input_grads and b.train and not b.dist)
+
+
+def _result_now(b: Built, step: Step, input_grads: bool) -> tuple[dict, corr.StepResult]:
+    """(the weights now, one step of `step` on them without an update)."""
     state = b.dist.full_state_dict(b.model) if b.dist else copy.deepcopy(b.model.state_dict())
-    input_grads = mode.same_plan_with_input_grads and b.train and not b.dist
     last = step.run(update=False, seed=CHECK_SEED, input_grads=input_grads)
     if b.dist and b.train:
         last = corr.StepResult(last.out, b.dist.full_grads(b.model))
@@ -268,24 +272,38 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         phase("compile")
         first = _first_call(b, mode, events, mem)
         phase.note(first_call_s=first.seconds)     # kept if the cell is killed later
-        checks = []
+        checks, checked, via = [], first.step, ""
         if b.ref:
             phase("check")
             # what the float64 run leaves is not the mode's memory, nor is its heap layout
-            checks.append(mem.aside(lambda: _repeat_failed(
-                b, first.step, b.ref.check("first", first.result, b.ref.init_state, first.peak),
-                first.peak, events)))
+            checked, via = mem.aside(lambda: checked_step(first.step, mode, b.ref, events))
+            checks.append(mem.aside(lambda: _first_check(b, first, checked, events)))
         step, first.result = first.step, None        # nothing of the check lives through timing
         mem.settle()
         timed = _timed(b, step, mem, phase, events)
         if b.ref:
             phase("check")
-            state, last = _steady_result(b, step, mode)
-            checks.append(_repeat_failed(b, step, b.ref.check("steady", last, state, first.peak),
-                                         first.peak, events))
+            state, last = _steady_result(b, checked, mode)
+            checks.append(_repeat_failed(b, checked, b.ref.check("steady", last, state,
+                                                                 first.peak), first.peak, events))
             del state, last
         mode.finish(events)
+    checks = [dataclasses.replace(c, detail=f"{c.detail} {via}") if via else c for c in checks]
     return _record(b, step, first, timed, checks, events)
+
+
+def _first_check(b: Built, first: FirstCall, checked: Step, events: EventLog) -> corr.Check:
+    """The check of the first call's own step at the initial weights; where the checks run a
+    twin (model_check.checked_step), of the twin's first step at the weights the first call
+    left, timed for the record (it compiles: not the mode's compile time)."""
+    if checked is first.step:
+        got, state = first.result, b.ref.init_state
+    else:
+        seconds, (state, got) = time_call(lambda: _result_now(b, checked, False), b.spec.device)
+        events.add("info", "fusebench", f"the correctness twin's first step took {seconds:.1f} s "
+                                        "(compiling it; not in compile s)")
+    return _repeat_failed(b, checked, b.ref.check("first", got, state, first.peak), first.peak,
+                          events)
 
 
 def _record(b: Built, step: Step, first: FirstCall, timed: Timed, checks: list,

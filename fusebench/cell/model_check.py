@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+from collections import Counter
 
 import psutil
 import torch
 import torch.nn as nn
 
-from fusebench.cell.model_step import Loss, eager_step
+from fusebench.cell.model_step import Loss, Step, eager_step
 from fusebench.errors import first_line
 from fusebench.measure import correctness as corr
 from fusebench.measure.events import EventLog
+from fusebench.measure.random_ops import describe, random_ops
 from fusebench.models.inputs import ModelInputs
 from fusebench.spec import CellSpec, Correctness
 
@@ -68,6 +71,15 @@ class ReferenceRunner:
         self.train = spec.model.bench == "train"
         self.tol = corr.tolerance_for(spec.dtype, spec.model.amp)
         self.no_float64: str | None = None   # why the model fails in float64, once it did
+        self._random: Counter | None = None
+
+    def random_ops(self) -> Counter:
+        """{op: calls} of the random ops eager's step draws from torch's generator (a live
+        dropout), found once, on the run-dtype copy at the initial weights."""
+        if self._random is None:
+            self.model.load_state_dict(self.init_state)
+            self._random = random_ops(lambda: self._eager(self.inputs.args, self.loss, False))
+        return self._random
 
     def check(self, at: str, got: corr.StepResult, state: dict,
               working_set: int | None, inputs: ModelInputs | None = None) -> corr.Check:
@@ -117,6 +129,19 @@ class ReferenceRunner:
             return eager_step(m64, args, loss, self.train, contextlib.nullcontext, input_grads)
         finally:
             del m64
+
+
+def checked_step(step: Step, mode, ref: ReferenceRunner, events: EventLog) -> tuple[Step, str]:
+    """(the step the checks run, a note for their details): the timed step, or where eager's
+    step draws random numbers and the mode draws its own (Mode.check_twin: compile's inductor),
+    its twin's, which draws them as the reference does. Compared as it is, a live dropout's
+    masks differ and even a right compiler fails (HF BERT, GPT-2: 0.4-1.0 relative error)."""
+    twin = mode.check_twin()
+    if twin is None or not (drawn := ref.random_ops()):
+        return step, ""
+    events.add("info", "fusebench", f"the model draws random numbers ({describe(drawn)}): the "
+                                    f"correctness checks ran a twin, {twin.why}")
+    return dataclasses.replace(step, fn=twin.fn, scope=twin.scope), "(through a twin)"
 
 
 def record_correctness(checks: list[corr.Check], events: EventLog,

@@ -73,12 +73,17 @@ class Step:
     train: bool
     autocast: Callable
     opt: torch.optim.Optimizer | None = None
+    scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Twin.scope
 
     def run(self, update: bool = True, seed: int | None = None,
             input_grads: bool = False) -> corr.StepResult:
         """One step. `input_grads` (train, checked steps only): the float inputs require grad
         and their gradients are kept too, so a wrong gradient on the way from the input to the
         first parameter (ops under no_grad, a parameter-free stem) shows."""
+        with self.scope():
+            return self._run(update, seed, input_grads)
+
+    def _run(self, update: bool, seed: int | None, input_grads: bool) -> corr.StepResult:
         if seed is not None:   # same dropout masks for the mode and its reference
             torch.manual_seed(seed)
         if not self.train:
@@ -101,8 +106,8 @@ class Step:
             self.opt.step()
         return result
 
-    def __call__(self):
-        self.run()
+    def __call__(self):      # a timed step: the prepared callable's, never in a twin's scope
+        self._run(True, None, False)
 
 
 def _requiring_grad(args: tuple) -> dict[int, torch.Tensor]:

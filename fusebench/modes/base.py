@@ -1,13 +1,27 @@
 """What every execution mode provides. One small class per mode, one file each."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.nn as nn
 
 from fusebench.measure.events import EventLog
 from fusebench.modes.options import ModeOption
+
+
+@dataclass(frozen=True)
+class Twin:
+    """What the correctness check runs in place of a mode's prepared callable when the model
+    draws random numbers and the mode draws its own (Mode.check_twin): `fn` computes what the
+    prepared callable does with aten's random numbers, `scope()` is entered around each whole
+    step of it (forward and backward: a compiler may build the backward lazily), and `why` says
+    for the record what differs from the timed plan."""
+    fn: Callable
+    scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    why: str = ""
 
 
 class Mode:
@@ -43,6 +57,13 @@ class Mode:
                 events: EventLog) -> Callable:
         """Return the callable to run (same call signature as model). May record events."""
         raise NotImplementedError
+
+    def check_twin(self) -> Twin | None:
+        """After prepare: for checking a model whose step draws random numbers (a live
+        dropout), a Twin that draws them from aten's generator in eager's order, as the float64
+        reference does; None where the prepared callable already does (modes that run aten's
+        ops). Cheap: nothing may compile before the twin is first called."""
+        return None
 
     def finish(self, events: EventLog) -> None:
         """Called after the timed steps: record counters (graph breaks, recompiles, fusion

@@ -4,12 +4,14 @@ and compile errors that fell back to eager (only with compile_fallback=True; oth
 error is an error)."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import os
 import shutil
 
 from fusebench.modes.registry import register_mode
-from fusebench.modes.base import Mode
+from fusebench.modes.base import Mode, Twin
 from fusebench.modes.options import ModeOption
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -40,6 +42,26 @@ def kernel_name(text: str) -> str:
     """'torch.ops.aten.convolution_backward.default' -> 'aten.convolution_backward'."""
     name = text.strip().removeprefix("torch.ops.")
     return name.removesuffix(".default")
+
+
+def _twin_kwargs(kwargs: dict) -> dict:
+    """The plan's torch.compile kwargs for a twin that compiles anew: dynamo reuses a cache
+    entry whose backend compares equal, and equal is the same compiler with the same options.
+    Inductor: its mode as options plus fallback_random (the two cannot be given together); any
+    other backend: a new callable around the same compiler."""
+    import functools
+
+    from torch._dynamo.backends.registry import lookup_backend
+    twin = dict(kwargs)
+    if twin["backend"] == "inductor":
+        from torch._inductor import list_mode_options
+        mode = twin.pop("mode", None)
+        # list_mode_options(None) lists every mode's options, not the default's (none)
+        options = list_mode_options(mode, twin["dynamic"]) if mode else {}
+        twin["options"] = {**options, "fallback_random": True}
+    else:
+        twin["backend"] = functools.partial(lookup_backend(twin["backend"]))
+    return twin
 
 
 class _PerfHints(logging.Handler):
@@ -79,6 +101,8 @@ class Compile(Mode):
         self._hint_log: logging.Logger | None = None
         self._hint_level = logging.NOTSET
         self._saved_suppress: bool | None = None
+        self._compiled: tuple | None = None    # (model, torch.compile kwargs) for check_twin
+        self._twin_metrics: set[int] = set()   # the twin's compilation metrics: not reported
 
     def available(self, options, device="cpu"):
         o = self.opts(options)
@@ -117,7 +141,41 @@ class Compile(Mode):
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         events.add("info", "dynamo",
                    f"torch.compile({args}), compile_fallback={o['compile_fallback']}")
+        self._compiled, self._twin_metrics = (model, kwargs), set()
         return torch.compile(model, **kwargs)
+
+    def check_twin(self):
+        """The same torch.compile call, compiled under inductor's fallback_random=True: aten's
+        random ops stay aten's (otherwise inductor replaces them by its own generator's, so a
+        dropout mask can never match eager's). Any backend: the flag is read by inductor's
+        lowering and by the decompositions aot_eager_decomp_partition shares with it; where a
+        backend ignores it, the twin is the plan itself compiled again."""
+        import torch
+        if self._compiled is None:
+            return None
+        model, kwargs = self._compiled
+        return Twin(torch.compile(model, **_twin_kwargs(kwargs)), self._twin_scope,
+                    "compiled again under torch._inductor.config.fallback_random=True, which "
+                    "keeps aten's random ops (the timed plan's compiler may draw its own)")
+
+    @contextlib.contextmanager
+    def _twin_scope(self):
+        """fallback_random on while a twin step runs (compiles), and what it compiles kept out
+        of the counters, compilation metrics and perf hints finish() reports for the plan."""
+        import torch._dynamo.utils as du
+        import torch._inductor.config as ic
+        counters = copy.deepcopy(du.counters)
+        start = len(du.get_compilation_metrics())
+        hints = len(self._hints.messages) if self._hints is not None else 0
+        try:
+            with ic.patch(fallback_random=True):
+                yield
+        finally:
+            du.counters.clear()
+            du.counters.update(counters)
+            self._twin_metrics.update(id(m) for m in du.get_compilation_metrics()[start:])
+            if self._hints is not None:
+                del self._hints.messages[hints:]
 
     def finish(self, events):
         import torch._dynamo
@@ -128,6 +186,8 @@ class Compile(Mode):
             graphs = du.counters["stats"].get("unique_graphs", 0)
             events.add("graphs", "dynamo", f"{graphs} unique graphs compiled")
             for m in du.get_compilation_metrics()[getattr(self, "_metrics_start", 0):]:
+                if id(m) in self._twin_metrics:
+                    continue
                 if getattr(m, "recompile_reason", None):
                     events.add("recompile", "dynamo", m.recompile_reason)
                 if getattr(m, "fail_type", None):
@@ -142,6 +202,7 @@ class Compile(Mode):
                     else:
                         events.add("perf_hint", "inductor", msg)
         finally:
+            self._compiled = None
             self._detach_perf_hints()
             if self._saved_suppress is not None:
                 torch._dynamo.config.suppress_errors = self._saved_suppress

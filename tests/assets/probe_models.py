@@ -122,3 +122,26 @@ class ScalesInPlace(nn.Module):
 
 def scales_in_place():
     return ScalesInPlace()
+
+
+class LiveDropout(nn.Module):
+    """A transformer-style MLP that trains with dropout on (HF BERT and GPT-2 default to 0.1),
+    and a random op of its own in the forward (noise injection): the correctness check sees the
+    same masks in eager and a mode only when both draw from aten's generator in one order."""
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 10)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.drop(torch.nn.functional.gelu(self.fc1(x)))
+        if self.training:
+            h = h + 1e-2 * torch.randn_like(h)
+        return self.fc2(h)
+
+    def example_inputs(self, batch, device, dtype):
+        return (torch.randn(batch, 16, device=device, dtype=dtype),)
+
+
+def live_dropout():
+    return LiveDropout()
