@@ -1326,3 +1326,38 @@ def test_a_norm_traced_on_its_own_is_not_listed_left_unfused():
     assert res.sites == {"rms_norm": 1}
     assert [k for k, _ in res.notes].count("fx_fallback") == 1, res.notes
     assert "RMSNorm" not in res.unfused, res.unfused
+
+
+class ActClass(nn.Module):
+    """An activation class of the model's own, as timm's GELU and HF's NewGELUActivation /
+    SiLUActivation: fx traces into it, so the site takes its F.gelu, not a module call."""
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class ActClassMlp(nn.Module):
+    def __init__(self, p_inner: float = 0.0, p_out: float = 0.1):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 32), ActClass(), nn.Linear(32, 8)
+        self.drop, self.live = nn.Dropout(p_inner), nn.Dropout(p_out)
+        self.spare = ActClass()                   # never fused: its op stays in the graph
+
+    def forward(self, x):
+        return self.spare(self.live(self.fc2(self.drop(self.act(self.fc1(x))))))
+
+
+@pytest.mark.parametrize("bench, listed", [("train", {"Dropout": 1, "ActClass": 1}),
+                                           ("infer", {"ActClass": 1})])
+def test_what_a_site_took_from_inlined_modules_and_dropouts_that_do_nothing_are_not_listed(
+        bench, listed):
+    # left unfused used to list the fused act (its op was inside the site) and every p=0 or
+    # eval-mode dropout, which timm and HF models keep by the dozen
+    res = fuse(ActClassMlp().train(bench == "train"), bench)
+    assert res.sites.get("mlp") == 1, res.sites
+    assert dict(res.unfused) == listed
+
+
+def test_hf_gpt2s_gelu_class_is_not_listed_once_its_mlp_fused():
+    res = fuse(hf_gpt2.make().train(), "train")
+    assert "NewGELUActivation" not in res.unfused and res.unfused["LayerNorm"] == 5

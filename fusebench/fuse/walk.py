@@ -72,17 +72,24 @@ def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
 
 
 def unfused_leaves(model: nn.Module, covered: set[int] = frozenset()) -> Counter:
-    """Leaf module types outside every fused module and not absorbed by a graph site
-    (nn.Identity computes nothing: there is nothing in it to fuse)."""
+    """Leaf module types outside every fused module and not absorbed by a graph site, less
+    those that compute nothing in this step: nn.Identity, and a dropout with p = 0 or in eval
+    (aten returns its input), which timm and HF models keep by the dozen."""
     out: Counter = Counter()
 
     def walk(mod: nn.Module):
         if isinstance(mod, FusedModule) or id(mod) in covered:
             return
         children = list(mod.children())
-        if not children and mod is not model and type(mod) is not nn.Identity:
+        if not children and mod is not model and not _computes_nothing(mod):
             out[type(mod).__name__] += 1
         for c in children:
             walk(c)
     walk(model)
     return out
+
+
+def _computes_nothing(mod: nn.Module) -> bool:
+    if type(mod) is nn.Identity:
+        return True
+    return isinstance(mod, nn.modules.dropout._DropoutNd) and (mod.p == 0 or not mod.training)

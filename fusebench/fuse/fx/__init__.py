@@ -52,11 +52,14 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         counted = getattr(gm, "fusebench_variant", 0) == 0
         scope = Scope(gm, ctx, path, m)
         erased: set = set()
+        inlined = _inlined_leaves(gm, m)
         for sweep in sorted({p.sweep for p in patterns}):
             tried = [p for p in patterns if p.sweep == sweep]
             if _sweep(scope, tried, erased, sites if counted else Counter(),
                       misses if counted else defaultdict(list)):
                 changed[id(m)] = m
+        if id(m) in changed:     # every op of theirs now inside a site: not left unfused
+            ctx.covered.update(inlined.keys() - _inlined_leaves(gm, m).keys())
     for m in changed.values():
         gms = [gm for _, mm, gm in roots if mm is m]
         for gm in gms:
@@ -67,6 +70,24 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
         ctx.notes.append(("not_fused", f"{pattern}: {len(where)} candidate(s) not fused: "
                                        f"{reason} (at {', '.join(where[:3])}{more})"))
     return sites
+
+
+def _inlined_leaves(gm: fx.GraphModule, root: nn.Module) -> dict[int, nn.Module]:
+    """Childless modules the trace went into rather than keeping as a call (timm's GELU and
+    HF's SiLUActivation classes, which call F.gelu / F.silu) that still have an op in gm's
+    graph, by fx's record of the module each op ran in (the innermost of nn_module_stack)."""
+    out = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if n.op not in ("call_function", "call_method") or not stack:
+            continue
+        try:
+            m = root.get_submodule(next(reversed(stack.values()))[0])
+        except AttributeError:
+            continue
+        if next(m.children(), None) is None:
+            out[id(m)] = m
+    return out
 
 
 def _sweep(scope: Scope, patterns: list, erased: set, sites: Counter, misses: dict) -> bool:
