@@ -288,6 +288,18 @@ def test_compile_error_is_error_unless_fallback_requested():
     assert torch._dynamo.config.suppress_errors is False  # restored
 
 
+def test_compile_events_are_the_plans_when_dynamos_metrics_list_is_full():
+    # dynamo keeps its last 64 compilation metrics: once full, the count before prepare no
+    # longer says which are new, and a compile error that fell back went unreported
+    import torch._dynamo
+    import torch._dynamo.utils as du
+    for i in range(70):
+        torch._dynamo.reset()
+        torch.compile(lambda x, i=i: x * i, backend="eager")(torch.randn(2))
+    assert len(du.get_compilation_metrics()) == 64
+    test_compile_error_is_error_unless_fallback_requested()
+
+
 @pytest.mark.slow
 def test_compile_inductor_train_reports_convolution_backward_fallback():
     import torch._inductor.config as ic

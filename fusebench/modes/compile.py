@@ -44,6 +44,10 @@ def kernel_name(text: str) -> str:
     return name.removesuffix(".default")
 
 
+def _ids(objects) -> set[int]:
+    return {id(o) for o in objects}
+
+
 def _twin_kwargs(kwargs: dict) -> dict:
     """The plan's torch.compile kwargs for a twin that compiles anew: dynamo reuses a cache
     entry whose backend compares equal, and equal is the same compiler with the same options.
@@ -102,7 +106,10 @@ class Compile(Mode):
         self._hint_level = logging.NOTSET
         self._saved_suppress: bool | None = None
         self._compiled: tuple | None = None    # (model, torch.compile kwargs) for check_twin
-        self._twin_metrics: set[int] = set()   # the twin's compilation metrics: not reported
+        # compilation metrics not this plan's: those before prepare and the twin's. Held (not
+        # their ids, which a freed object passes on), and compared by identity: dynamo keeps
+        # the last 64 only, so a position in its list does not say which are new
+        self._not_ours: list = []
 
     def available(self, options, device="cpu"):
         o = self.opts(options)
@@ -128,7 +135,7 @@ class Compile(Mode):
         o = self.opts(options)
         torch._dynamo.reset()          # no graphs or guards from an earlier model in this process
         du.counters.clear()
-        self._metrics_start = len(du.get_compilation_metrics())
+        self._not_ours = du.get_compilation_metrics()
         self._saved_suppress = torch._dynamo.config.suppress_errors
         torch._dynamo.config.suppress_errors = bool(o["compile_fallback"])
         self._hints = None
@@ -141,7 +148,7 @@ class Compile(Mode):
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         events.add("info", "dynamo",
                    f"torch.compile({args}), compile_fallback={o['compile_fallback']}")
-        self._compiled, self._twin_metrics = (model, kwargs), set()
+        self._compiled = (model, kwargs)
         return torch.compile(model, **kwargs)
 
     def check_twin(self):
@@ -165,7 +172,7 @@ class Compile(Mode):
         import torch._dynamo.utils as du
         import torch._inductor.config as ic
         counters = copy.deepcopy(du.counters)
-        start = len(du.get_compilation_metrics())
+        before = du.get_compilation_metrics()   # held: no id of theirs passes on meanwhile
         hints = len(self._hints.messages) if self._hints is not None else 0
         try:
             with ic.patch(fallback_random=True):
@@ -173,7 +180,8 @@ class Compile(Mode):
         finally:
             du.counters.clear()
             du.counters.update(counters)
-            self._twin_metrics.update(id(m) for m in du.get_compilation_metrics()[start:])
+            old = _ids(before)
+            self._not_ours += [m for m in du.get_compilation_metrics() if id(m) not in old]
             if self._hints is not None:
                 del self._hints.messages[hints:]
 
@@ -185,8 +193,9 @@ class Compile(Mode):
                 events.add("graph_break", "dynamo", key, count=n)
             graphs = du.counters["stats"].get("unique_graphs", 0)
             events.add("graphs", "dynamo", f"{graphs} unique graphs compiled")
-            for m in du.get_compilation_metrics()[getattr(self, "_metrics_start", 0):]:
-                if id(m) in self._twin_metrics:
+            not_ours = _ids(self._not_ours)
+            for m in du.get_compilation_metrics():
+                if id(m) in not_ours:
                     continue
                 if getattr(m, "recompile_reason", None):
                     events.add("recompile", "dynamo", m.recompile_reason)
@@ -202,7 +211,7 @@ class Compile(Mode):
                     else:
                         events.add("perf_hint", "inductor", msg)
         finally:
-            self._compiled = None
+            self._compiled, self._not_ours = None, []
             self._detach_perf_hints()
             if self._saved_suppress is not None:
                 torch._dynamo.config.suppress_errors = self._saved_suppress
