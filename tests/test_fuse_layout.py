@@ -5,6 +5,8 @@ reason) where the option, the sites or the model's own code say no."""
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -96,8 +98,18 @@ MODELS = {
 }
 
 
+@pytest.fixture
+def trial_says(monkeypatch):
+    """auto's timed trial with the verdict fixed: "cl" (any NCHW lead is within the margin) or
+    "nchw" (any channels-last time loses). Tiny models time in noise."""
+    def says(verdict: str):
+        monkeypatch.setattr(layout, "MARGIN", math.inf if verdict == "cl" else 0.0)
+    return says
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_runs_channels_last_inside_and_matches_float64_eager(name):
+def test_runs_channels_last_inside_and_matches_float64_eager(name, trial_says):
+    trial_says("cl")
     torch.manual_seed(0)
     factory, hw = MODELS[name]
     model = factory().double().train()
@@ -183,3 +195,60 @@ def test_4d_outputs_come_back_nchw_in_containers(wrap):
     out = layout.ChannelsLastInside(lambda t: wrap(t * 2))(x)
     y = out if torch.is_tensor(out) else (out["map"] if isinstance(out, dict) else out[0])
     assert torch.equal(y, x * 2) and y.is_contiguous()
+
+
+@functools.cache
+def _note_once(where: str) -> None:
+    # a kernel's "said once per shape" note (dwconv.passes_for)
+    warnings.warn(f"kernel note: {where}")
+
+
+class SaysOnce(nn.Module):
+    def forward(self, x):
+        _note_once("channels-last" if layout_of(x) == "cl" else "nchw")
+        return x
+
+
+def _noted(verdict, trial_says):
+    _note_once.cache_clear()
+    trial_says(verdict)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(),
+                          SaysOnce()).train()
+    events = EventLog()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn = get_mode("fused").prepare(model, (torch.randn(2, 3, 16, 16),), {"bench": "train"},
+                                       events)
+    return fn, [(e.category, e.message) for e in events.events()], \
+        [str(w.message) for w in caught if str(w.message).startswith("kernel note")]
+
+
+def test_auto_times_both_layouts_and_keeps_nchw_where_it_is_faster(trial_says):
+    fn, events, said = _noted("nchw", trial_says)
+    assert layout.ChannelsLastInside not in wrappers(fn)
+    kept = [m for c, m in events if c == "info" and m.startswith("layout kept NCHW")]
+    assert kept and "prefer channels-last, but timed on the example inputs, a train step took" \
+        in kept[0] and "ms NCHW and" in kept[0], events
+    assert said == ["kernel note: nchw"]      # the trial's channels-last note is not the run's
+
+
+def test_auto_keeps_channels_last_inside_near_a_tie_and_says_the_times(trial_says):
+    fn, events, said = _noted("cl", trial_says)
+    assert isinstance(fn, layout.ChannelsLastInside)
+    inside = [m for c, m in events if c == "fusion" and m.startswith("channels-last inside")]
+    assert inside and "(bn_act sites; timed on the example inputs" in inside[0], events
+    assert said == ["kernel note: channels-last"]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_timed_trial_leaves_no_trace(train):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU()).train()
+    x = torch.randn(2, 3, 16, 16)
+    before = copy.deepcopy(model.state_dict())
+    state = torch.random.get_rng_state()
+    nchw, cl = layout.timed_trial(model, model, (x,), train)
+    assert nchw > 0 and cl > 0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.random.get_rng_state(), state)

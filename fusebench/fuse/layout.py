@@ -16,9 +16,22 @@ and says so).
 
 The rewrite is checked before it is used: one forward under no_grad on the example inputs
 (buffers and RNG restored after), because user code written for NCHW (`x.view(n, c, -1)`)
-fails on a channels-last tensor. A model that fails it keeps its layout, and says why."""
+fails on a channels-last tensor. A model that fails it keeps its layout, and says why.
+
+Then `auto` times it, as cudnn.benchmark times its algorithms: the sites prefer channels-last,
+but the model's own dense convs may not. oneDNN runs a 3x3 conv at 512 channels on a 3x3 or
+5x5 map 1.2-1.3x slower channels-last (33rd session), and a torchvision ResNet-18 fed NCHW ran
+0.66x eager at b4, 96 px with it and 0.96x without (0.97x / 1.07x at b8, 160 px). A step
+(forward and, for training, backward) in each layout after one warm-up each, then up to three
+alternating pairs while they take under TRIAL_S; channels-last inside stays unless NCHW's median
+is at least MARGIN faster. Buffers, gradients and the RNG are put back. Not under a distributed
+run: ranks timing apart could choose different layouts, so there the sites' rule stands."""
 from __future__ import annotations
 
+import contextlib
+import statistics
+import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +45,8 @@ from fusebench.fuse.recompute import PRODUCERS
 # consumers around them, were measured faster on channels-last data; the GroupNorm + act sites
 # of a UNet likewise, with the 3x3 convs around them (the module docstring)
 PREFERS_CHANNELS_LAST = PRODUCERS | {"gn_act"}
+MARGIN = 1.05     # NCHW this much faster keeps it; nearer a tie the sites' preference stands
+TRIAL_S = 2.0     # timed pairs stop once the trial has spent this long (at least one pair)
 
 
 def nchw_image(t) -> bool:
@@ -74,9 +89,10 @@ class Layout:
 
 
 def decide(choice: str, sites, model: nn.Module, example_inputs: tuple,
-           device: str = "cpu") -> Layout:
+           device: str = "cpu", run: Callable | None = None, train: bool = True) -> Layout:
     """Whether to run channels-last inside, for layout option `choice` after fuse() fired
-    `sites` for `device`, and the event that says so (a fusion, a kept layout, a fallback)."""
+    `sites` for `device`, and the event that says so (a fusion, a kept layout, a fallback).
+    `run`: what the mode will call (the model, or a wrapper of it), timed under `auto`."""
     if choice == "keep":
         return Layout(False, "info", "layout kept (fused_layout=keep)")
     if not any(nchw_image(x) for x in example_inputs):
@@ -91,27 +107,100 @@ def decide(choice: str, sites, model: nn.Module, example_inputs: tuple,
         return Layout(False, "info", "layout kept NCHW: no channels-last-preferring site fired "
                       f"({', '.join(sorted(PREFERS_CHANNELS_LAST))}); fused_layout="
                       "channels_last forces it")
-    err = trial_error(model, example_inputs)
+    # what the trials' NCHW and channels-last calls warned, said again for the layout kept
+    # only: a kernel says a thing once per shape (dwconv.passes_for), at its first call
+    said: tuple[list, list] = ([], [])
+    with _recorded(said[1]):
+        err = trial_error(model, example_inputs)
     if err:
         return Layout(False, "fallback",
                       f"layout kept NCHW: the model fails on channels-last input ({err})")
     why = f"{', '.join(fired)} sites" if choice == "auto" else "fused_layout=channels_last"
-    return Layout(True, "fusion", "channels-last inside: NCHW image inputs converted at each "
-                  f"call, 4-D outputs converted back ({why})")
+    out = Layout(True, "fusion", "channels-last inside: NCHW image inputs converted at each "
+                 f"call, 4-D outputs converted back ({why})")
+    if choice == "auto" and not _distributed():
+        nchw, cl = timed_trial(run or model, model, example_inputs, train, said)
+        timed = (f"timed on the example inputs, a {'train' if train else 'forward'} step took "
+                 f"{nchw:.1f} ms NCHW and {cl:.1f} ms channels-last inside")
+        out = Layout(False, "info", f"layout kept NCHW: {why} prefer channels-last, but "
+                     f"{timed}; fused_layout=channels_last forces it") if cl > MARGIN * nchw \
+            else Layout(True, "fusion", f"{out.message[:-1]}; {timed})")
+    for w in said[out.inside]:
+        warnings.warn(w.message, stacklevel=2)
+    return out
+
+
+@contextlib.contextmanager
+def _recorded(into: list):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            into.extend(caught)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def timed_trial(run: Callable, model: nn.Module, example_inputs: tuple, train: bool,
+                said: tuple[list, list] = ([], [])) -> tuple[float, float]:
+    """(NCHW, channels-last inside) median ms of a step of `run` on the example inputs: the
+    forward and, for training, the backward of its first output's mean square. One warm-up
+    each, then alternating pairs (at least one, at most three, while under TRIAL_S). What each
+    side warned goes to said[0] / said[1]."""
+    sides = (run, ChannelsLastInside(run))
+    times: tuple[list, list] = ([], [])
+    with _restored(model, example_inputs):
+        for side, into in zip(sides, said):
+            with _recorded(into):
+                _step(side, example_inputs, train)
+        start = time.perf_counter()
+        while not times[0] or len(times[0]) < 3 and time.perf_counter() - start < TRIAL_S:
+            for side, out, into in zip(sides, times, said):
+                with _recorded(into):
+                    t0 = time.perf_counter()
+                    _step(side, example_inputs, train)
+                    out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _step(fn: Callable, args: tuple, train: bool) -> None:
+    with contextlib.nullcontext() if train else torch.no_grad():
+        out = fn(*args)
+        first = next((t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                      if torch.is_tensor(t)), None)
+        if train and first is not None and first.requires_grad:
+            first.float().pow(2).mean().backward()
+    if first is not None and first.is_cuda:
+        torch.cuda.synchronize(first.device)
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module, example_inputs: tuple):
+    """The model's buffers (BN running stats) and parameter gradients, and the RNG, as before
+    the block: a trial must leave no trace in what the cell then checks and times."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    grads = {p: p.grad for p in model.parameters()}
+    devices = [x.device for x in example_inputs if torch.is_tensor(x) and x.is_cuda]
+    try:
+        with torch.random.fork_rng(devices=devices[:1]):
+            yield
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
+        for p, g in grads.items():
+            p.grad = g
 
 
 def trial_error(model: nn.Module, example_inputs: tuple) -> str | None:
     """None if model runs on the channels-last example inputs, else the error's first line.
     No grad; the buffers (BN running stats) and the RNG are as before afterwards."""
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
-    devices = [x.device for x in example_inputs if torch.is_tensor(x) and x.is_cuda]
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices[:1]):
+        with _restored(model, example_inputs), torch.no_grad():
             ChannelsLastInside(model)(*example_inputs)
         return None
     except Exception as e:   # any failure keeps the user's layout; the message says which
         return describe(e, 200)
-    finally:
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                b.copy_(saved[n])
