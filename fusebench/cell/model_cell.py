@@ -276,8 +276,8 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
         if b.ref:
             phase("check")
             # what the float64 run leaves is not the mode's memory, nor is its heap layout
-            checked, via = mem.aside(lambda: checked_step(first.step, mode, b.ref, events))
-            checks.append(mem.aside(lambda: _first_check(b, first, checked, events)))
+            checked, via, check = mem.aside(lambda: _first_check(b, first, mode, events))
+            checks.append(check)
         step, first.result = first.step, None        # nothing of the check lives through timing
         mem.settle()
         timed = _timed(b, step, mem, phase, events)
@@ -292,18 +292,21 @@ def run_cell(spec: CellSpec, phase: Callable[[str], None]) -> Record:
     return _record(b, step, first, timed, checks, events)
 
 
-def _first_check(b: Built, first: FirstCall, checked: Step, events: EventLog) -> corr.Check:
-    """The check of the first call's own step at the initial weights; where the checks run a
-    twin (model_check.checked_step), of the twin's first step at the weights the first call
-    left, timed for the record (it compiles: not the mode's compile time)."""
+def _first_check(b: Built, first: FirstCall, mode,
+                 events: EventLog) -> tuple[Step, str, corr.Check]:
+    """(the step the checks run, the note for their details, the first check): of the first
+    call's own step at the initial weights; where the checks run a twin
+    (model_check.checked_step), of the twin's first step at the weights the first call left,
+    timed for the record (it compiles: not the mode's compile time)."""
+    checked, via = checked_step(first.step, mode, b.ref, events)
     if checked is first.step:
         got, state = first.result, b.ref.init_state
     else:
         seconds, (state, got) = time_call(lambda: _result_now(b, checked, False), b.spec.device)
         events.add("info", "fusebench", f"the correctness twin's first step took {seconds:.1f} s "
                                         "(compiling it; not in compile s)")
-    return _repeat_failed(b, checked, b.ref.check("first", got, state, first.peak), first.peak,
-                          events)
+    return checked, via, _repeat_failed(b, checked, b.ref.check("first", got, state, first.peak),
+                                        first.peak, events)
 
 
 def _record(b: Built, step: Step, first: FirstCall, timed: Timed, checks: list,
