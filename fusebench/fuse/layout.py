@@ -22,10 +22,11 @@ Then `auto` times it, as cudnn.benchmark times its algorithms: the sites prefer 
 but the model's own dense convs may not. oneDNN runs a 3x3 conv at 512 channels on a 3x3 or
 5x5 map 1.2-1.3x slower channels-last (33rd session), and a torchvision ResNet-18 fed NCHW ran
 0.66x eager at b4, 96 px with it and 0.96x without (0.97x / 1.07x at b8, 160 px). A step
-(forward and, for training, backward) in each layout after one warm-up each, then up to three
-alternating pairs while they take under TRIAL_S; channels-last inside stays unless NCHW's median
-is at least MARGIN faster. Buffers, gradients and the RNG are put back. Not under a distributed
-run: ranks timing apart could choose different layouts, so there the sites' rule stands."""
+(forward and, for training, backward) in each layout after one warm-up each, then up to PAIRS
+pairs (in alternating order) while they take under TRIAL_S; channels-last inside stays unless
+NCHW's median is at least MARGIN faster. Buffers, gradients and the RNG are put back. Not
+under a distributed run: ranks timing apart could choose different layouts, so there the
+sites' rule stands."""
 from __future__ import annotations
 
 import contextlib
@@ -46,7 +47,8 @@ from fusebench.fuse.recompute import PRODUCERS
 # of a UNet likewise, with the 3x3 convs around them (the module docstring)
 PREFERS_CHANNELS_LAST = PRODUCERS | {"gn_act"}
 MARGIN = 1.05     # NCHW this much faster keeps it; nearer a tie the sites' preference stands
-TRIAL_S = 2.0     # timed pairs stop once the trial has spent this long (at least one pair)
+TRIAL_S = 3.0     # timed pairs stop once the trial has spent this long (at least one pair)
+PAIRS = 4         # at most
 
 
 def nchw_image(t) -> bool:
@@ -148,8 +150,8 @@ def timed_trial(run: Callable, model: nn.Module, example_inputs: tuple, train: b
                 said: tuple[list, list] = ([], [])) -> tuple[float, float]:
     """(NCHW, channels-last inside) median ms of a step of `run` on the example inputs: the
     forward and, for training, the backward of its first output's mean square. One warm-up
-    each, then alternating pairs (at least one, at most three, while under TRIAL_S). What each
-    side warned goes to said[0] / said[1]."""
+    each, then pairs in alternating order (at least one, at most PAIRS, while under TRIAL_S).
+    What each side warned goes to said[0] / said[1]."""
     sides = (run, ChannelsLastInside(run))
     times: tuple[list, list] = ([], [])
     with _restored(model, example_inputs):
@@ -157,12 +159,13 @@ def timed_trial(run: Callable, model: nn.Module, example_inputs: tuple, train: b
             with _recorded(into):
                 _step(side, example_inputs, train)
         start = time.perf_counter()
-        while not times[0] or len(times[0]) < 3 and time.perf_counter() - start < TRIAL_S:
-            for side, out, into in zip(sides, times, said):
-                with _recorded(into):
+        while not times[0] or len(times[0]) < PAIRS and time.perf_counter() - start < TRIAL_S:
+            order = (0, 1) if len(times[0]) % 2 == 0 else (1, 0)   # ABBA: drift cancels
+            for i in order:
+                with _recorded(said[i]):
                     t0 = time.perf_counter()
-                    _step(side, example_inputs, train)
-                    out.append((time.perf_counter() - t0) * 1e3)
+                    _step(sides[i], example_inputs, train)
+                    times[i].append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
