@@ -28,7 +28,7 @@ class Fused(Mode):
                    default="auto",
                    help="fused: run NCHW image inputs channels-last inside (converted at each "
                         "call, 4-D outputs converted back): auto (on CPU, where a BN+act or a "
-                        "GroupNorm+act site fired and a step timed both ways is not 5% faster "
+                        "GroupNorm+act site fired and a step timed both ways is not 10% faster "
                         "NCHW), channels_last, keep."),
         ModeOption("fused_recompute", bool, default=False,
                    help="fused: rebuild each fused BN+act output in backward instead of "
