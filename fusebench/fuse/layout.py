@@ -147,13 +147,14 @@ def _distributed() -> bool:
 
 
 def timed_trial(run: Callable, model: nn.Module, example_inputs: tuple, train: bool,
-                said: tuple[list, list] = ([], [])) -> tuple[float, float]:
+                said: tuple[list, list] | None = None) -> tuple[float, float]:
     """(NCHW, channels-last inside) median ms of a step of `run` on the example inputs: the
     forward and, for training, the backward of its first output's mean square. One warm-up
     each, then pairs in alternating order (at least one, at most PAIRS, while under TRIAL_S).
     What each side warned goes to said[0] / said[1]."""
     sides = (run, ChannelsLastInside(run))
     times: tuple[list, list] = ([], [])
+    said = said or ([], [])
     with _restored(model, example_inputs):
         for side, into in zip(sides, said):
             with _recorded(into):
