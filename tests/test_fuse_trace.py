@@ -33,13 +33,19 @@ class Chunky(nn.Module):
         return torch.cat([self.fc2(F.gelu(self.fc1(t))) for t in x.chunk(3, dim=-1)], -1)
 
 
-def test_iterating_a_chunk_is_checked_at_run_time(site_calls):
-    model = Chunky()
+def _fused_like_eager(make, x, sites: int, site_calls):
+    """make() fused with `sites` mlp sites, one call on x equal to an unfused copy's, each site
+    run once; (the fused model, the copy)."""
+    model = make()
     ref = copy.deepcopy(model)
-    assert fuse(model, "train").sites["mlp"] == 3
-    x = torch.randn(2, 6)
+    assert fuse(model, "train").sites["mlp"] == sites
     torch.testing.assert_close(model(x), ref(x))
-    assert site_calls["fused_mlp"] == 3
+    assert site_calls["fused_mlp"] == sites
+    return model, ref
+
+
+def test_iterating_a_chunk_is_checked_at_run_time(site_calls):
+    model, _ = _fused_like_eager(Chunky, torch.randn(2, 6), 3, site_calls)
     with pytest.raises(RuntimeError, match="traced for 3 chunks; this input gives 2"):
         model(torch.randn(2, 4))
 
@@ -164,12 +170,8 @@ def _scaled(y, scale=1.0):
 
 
 def test_kwargs_passed_on_trace_empty_and_a_call_with_some_runs_the_own_forward(site_calls):
-    model = PassesKwargs()
-    ref = copy.deepcopy(model)
-    assert fuse(model, "train").sites["mlp"] == 1
     x = torch.randn(3, 8)
-    torch.testing.assert_close(model(x), ref(x))
-    assert site_calls["fused_mlp"] == 1
+    model, ref = _fused_like_eager(PassesKwargs, x, 1, site_calls)
     torch.testing.assert_close(model(x, scale=3.0), ref(x, scale=3.0))   # not dropped
     assert site_calls["fused_mlp"] == 1                                  # its own forward ran
 
@@ -421,12 +423,7 @@ class ParameterType(nn.Module):
 
 
 def test_isinstance_of_a_parameter_is_answered_and_builtin_classes_keep_fxs_answer(site_calls):
-    model = ParameterType()
-    ref = copy.deepcopy(model)
-    assert fuse(model, "train").sites["mlp"] == 1
-    x = torch.randn(2, 8)
-    torch.testing.assert_close(model(x), ref(x))
-    assert site_calls["fused_mlp"] == 1
+    _fused_like_eager(ParameterType, torch.randn(2, 8), 1, site_calls)
     import builtins
     assert builtins.isinstance.__module__ == "builtins"    # Python's own is back
 
