@@ -51,7 +51,11 @@ def test_contention_fields_are_recorded():
     import torch
     assert c["window_s"] > 0 and c["worker_cores"] == min(torch.get_num_threads(),
                                                           c["cpu_count"])
-    assert {"others_frac", "steal_frac", "load1", "others_cpu_s"} <= set(c)
+    assert {"others_frac", "others_frac_min", "resolution_s", "steal_frac", "load1",
+            "others_cpu_s"} <= set(c)
+    # the tiny model's steps take milliseconds: the window was held open until it could resolve
+    from fusebench.measure.contention import window_needed_s
+    assert c["window_s"] >= window_needed_s(c["worker_cores"], c["cpu_count"])
 
 
 def test_contended_window_adds_an_event(monkeypatch):

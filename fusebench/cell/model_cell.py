@@ -227,7 +227,10 @@ def _timing_window(spec: CellSpec, mem: PeakMemory, out: dict) -> Iterator[None]
     steps alone, other processes' CPU use, this process's faults, context switches and CPU
     time per step, NVML telemetry (GPU only; no NVML -> no fields)."""
     mem.reset_peak()
-    with CpuWindow() as window, GpuTelemetry(spec.device) as telemetry, UsageWindow() as usage:
+    # the CPU window outermost: a short one is held open after the steps (contention.py), with
+    # the other windows already closed
+    with CpuWindow(hold_for=torch.get_num_threads()) as window, \
+            GpuTelemetry(spec.device) as telemetry, UsageWindow() as usage:
         yield
     out["peak"] = mem.peak()
     out["contention"] = window.result(threads=torch.get_num_threads())

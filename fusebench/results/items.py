@@ -74,8 +74,9 @@ def _busy(fields: Any) -> str | None:
         if not isinstance(fields, dict) or not contention.is_contended(fields):
             return None
         gpu = "; others on the GPU" if contention.gpu_shared(fields.get("gpu_processes")) else ""
-        return (f"machine busy: other processes {fields['others_frac']:.0%} of "
-                f"{fields.get('worker_cores', '?')} core(s), steal {fields['steal_frac']:.0%}"
+        return (f"machine busy: other processes {contention.share(fields)} of "
+                f"{fields.get('worker_cores', '?')} core(s), steal "
+                f"{contention.share(fields, 'steal_frac')}"
                 + gpu)
     except (KeyError, TypeError, ValueError):   # another version's fields: no verdict
         return None

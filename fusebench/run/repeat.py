@@ -160,7 +160,8 @@ def _events(records: list[Record], stats: StepStats, worst: Any) -> tuple[Event,
 def _worst_contention(records: list[Record]) -> Any:
     cs = [r.extra.get("contention") for r in records]
     cs = [c for c in cs if isinstance(c, dict) and isinstance(c.get("others_frac"), (int, float))]
-    return max(cs, key=lambda c: c["others_frac"]) if cs else None
+    # the worst by what its window saw at least (contention.is_contended's reading)
+    return max(cs, key=lambda c: c.get("others_frac_min", c["others_frac"])) if cs else None
 
 
 def merge_processes(records: list[Record], asked: int | None = None,
