@@ -1,11 +1,15 @@
 """fuse/gemm.py: every registered backend's GEMMs against float64; oneDNN really runs where it
-is picked (its op in the profile) and aten where it is not; the choice is a usage error when
-unknown or unavailable; the fused mode reports it and takes --fused-gemm."""
+is picked (its op in the profile) and aten where it is not; auto races the two per call shape
+and keeps the faster; the choice is a usage error when unknown or unavailable; the fused mode
+reports it and takes --fused-gemm."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
+import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,16 @@ def _ops(fn) -> set[str]:
 
 def _close(got, want):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture
+def race_says(monkeypatch):
+    """Fix auto's verdict for every call shape (tiny shapes time in noise): race_says("onednn")
+    or ("aten"), through RACE_MARGIN as the real race reads it; earlier verdicts forgotten."""
+    def say(winner: str):
+        monkeypatch.setattr(gemm, "_raced", {})
+        monkeypatch.setattr(gemm, "RACE_MARGIN", -1e9 if winner == "onednn" else 1.0)
+    return say
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
@@ -67,9 +81,12 @@ def test_linear_forward_and_gradients_match_float64(name):
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
-def test_a_channels_last_1x1_conv_runs_onednn_under_auto_and_aten_under_aten():
-    """The fused sites' 1x1 convs: oneDNN's matmul really runs (forward and dx) by default,
-    never under `aten`; gradients match float64 either way."""
+@pytest.mark.parametrize("winner", ["onednn", "aten"])
+def test_a_channels_last_1x1_conv_runs_what_auto_raced_and_aten_under_aten(winner, race_says):
+    """The fused sites' 1x1 convs: under auto, oneDNN's matmul really runs (forward and dx)
+    where it won the race and not where aten did; never under `aten`; gradients match float64
+    either way."""
+    race_says(winner)
     torch.manual_seed(2)
     x = torch.randn(2, 6, 4, 3).contiguous(memory_format=torch.channels_last).requires_grad_()
     w, b = torch.randn(10, 6, 1, 1, requires_grad=True), torch.randn(10, requires_grad=True)
@@ -80,9 +97,12 @@ def test_a_channels_last_1x1_conv_runs_onednn_under_auto_and_aten_under_aten():
         y.backward(dy)
         return y
 
-    assert gemm.current().name == "onednn"
+    assert gemm._state["name"] == "auto"
+    run()                                   # the race runs both sides: profile what follows
     ops = _ops(run)
-    assert ONEDNN_OP in ops
+    assert (ONEDNN_OP in ops) == (winner == "onednn")
+    assert set(gemm.raced()) == {winner}
+    assert sorted(k[0] for k in gemm._raced) == ["nn", "nt"]     # forward and dx, once each
     with gemm.using("aten"):
         assert ONEDNN_OP not in _ops(run)
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
@@ -92,6 +112,47 @@ def test_a_channels_last_1x1_conv_runs_onednn_under_auto_and_aten_under_aten():
     _close(y, torch.nn.functional.conv2d(x64.detach(), w64.detach(), b64.detach()))
     for got, want in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
         _close(got, want)
+
+
+def _slowed(backend: gemm.GemmBackend, s: float) -> gemm.GemmBackend:
+    """backend with every nt call `s` seconds slower (the real GEMM still runs)."""
+    def nt(*args):
+        time.sleep(s)
+        return backend.nt(*args)
+    return dataclasses.replace(backend, nt=nt)
+
+
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+@pytest.mark.parametrize("slow", ["onednn", "aten"])
+def test_auto_times_both_libraries_once_per_call_shape_and_keeps_the_faster(slow, monkeypatch):
+    """The race itself, with real clocks: one side made 20 ms slower per call (far above any
+    GEMM of this size) loses; the verdict is kept per kind and shape, not raced again; another
+    shape races anew; the result is the GEMM's either way."""
+    monkeypatch.setattr(gemm, "_raced", {})
+    monkeypatch.setitem(gemm.GEMMS._items, slow, _slowed(gemm.GEMMS[slow], 0.02))
+    fast = "aten" if slow == "onednn" else "onednn"
+    a, w = torch.randn(32, 16), torch.randn(8, 16)
+    calls = []
+    monkeypatch.setattr(gemm, "_race", lambda kind, args, race=gemm._race: (
+        calls.append(kind), race(kind, args))[1])
+    _close(gemm.nt(a, w), a.double() @ w.double().t())
+    assert gemm._raced == {gemm._key("nt", (a, w, None)): fast} and calls == ["nt"]
+    _close(gemm.nt(a * 2, w), (a * 2).double() @ w.double().t())      # same shape: no race
+    assert calls == ["nt"]
+    gemm.nt(torch.randn(40, 16), w)                                     # another: raced
+    assert calls == ["nt", "nt"] and gemm.raced() == Counter({fast: 2})
+    assert f"raced 2 call shapes: {fast} faster at 2" in gemm.describe_raced()
+
+
+def test_named_backends_and_unsuited_operands_do_not_race(monkeypatch):
+    monkeypatch.setattr(gemm, "_raced", {})
+    a, w = torch.randn(6, 4), torch.randn(3, 4)
+    for name in AVAILABLE:
+        if name != "auto":
+            with gemm.using(name):
+                gemm.nt(a, w)
+    gemm.nt(a.double(), w.double())             # auto, but oneDNN does not take float64
+    assert gemm._raced == {} and gemm.describe_raced() is None
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
@@ -160,6 +221,25 @@ def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
         assert any(shown in e.message for e in events.events())
 
 
+@pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
+def test_the_fused_mode_reports_what_auto_raced_after_the_steps(race_says):
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    race_says("onednn")
+    torch.manual_seed(0)
+    model = nano_gpt.make().train()
+    mode, events = get_mode("fused"), EventLog()
+    call = mode.prepare(model, (_tokens(None),), {"bench": "train"}, events)
+    mode.finish(events)
+    assert not any("raced" in e.message for e in events.events())     # nothing ran yet
+    call(_tokens(None)).square().mean().backward()
+    mode.finish(events)
+    won = gemm.raced()
+    assert set(won) == {"onednn"} and won["onednn"] >= 3     # the MLP's fc1, fc2, their dx
+    assert any(f"gemm: auto raced {won['onednn']} call shapes: onednn faster at "
+               f"{won['onednn']}" in e.message for e in events.events())
+
+
 def _image(dtype):
     return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(dtype) \
         .contiguous(memory_format=torch.channels_last)
@@ -177,12 +257,13 @@ ASSETS = {"nano_gpt": (nano_gpt.make, _tokens),
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
 @pytest.mark.parametrize("name", sorted(ASSETS))
-def test_user_models_in_float32_run_onednn_and_match_float64_eager(name):
+def test_user_models_in_float32_run_onednn_and_match_float64_eager(name, race_says):
     """Models written as other projects write them (test assets): fused in float32, their
     sites' GEMMs (MLPs; the torchvision-like EfficientNet's pointwise convs, channels-last)
     really run on oneDNN, and the output and every gradient agree with float64 eager to
     float32's precision."""
     factory, inputs = ASSETS[name]
+    race_says("onednn")
     torch.manual_seed(0)
     model = factory().float().train()
     if inputs is _image:

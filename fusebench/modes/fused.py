@@ -36,8 +36,9 @@ class Fused(Mode):
                         "tensor, 5-9% slower per EfficientNet step on CPU; off by default)."),
         ModeOption("fused_gemm", str, choices=("auto", "onednn", "aten"), default="auto",
                    help="fused: the library the fused sites' GEMMs (1x1 convs on channels-last "
-                        "views, MLP linears) run on: auto (oneDNN's matmul where torch has it "
-                        "and the operands suit it, else aten's mm), onednn, aten."),
+                        "views, MLP linears) run on: auto (per call shape, the faster of "
+                        "oneDNN's matmul and aten's mm, timed the first time it runs; aten "
+                        "where oneDNN cannot take it), onednn, aten."),
         ModeOption("fused_bn_act", str, choices=("auto", "aten", "cpu", "triton"),
                    default="auto",
                    help="fused: the BN(train) + activation kernel, a residual block's BN + "
@@ -93,6 +94,12 @@ class Fused(Mode):
         self._channels_last = layout.inside
         self._rewritten = True
         return result.model
+
+    def finish(self, events):
+        from fusebench.fuse import gemm
+        raced = gemm.describe_raced()          # auto's choices are made as calls first run
+        if raced:
+            events.add("info", "fuser", raced)
 
     def _wrapped(self, model):
         """The model as prepare hands it to the cell, but for the layout."""
