@@ -73,8 +73,9 @@ def _apply(mod: nn.Module, fusion: Fusion, ctx: FuseContext) -> int:
 
 def unfused_leaves(model: nn.Module, covered: set[int] = frozenset()) -> Counter:
     """Leaf module types outside every fused module and not absorbed by a graph site, less
-    those that compute nothing in this step: nn.Identity, and a dropout with p = 0 or in eval
-    (aten returns its input), which timm and HF models keep by the dozen."""
+    those that compute nothing in this step: nn.Identity, and a dropout or stochastic depth
+    with probability 0 or in eval (it returns its input), which timm and HF models keep by the
+    dozen."""
     out: Counter = Counter()
 
     def walk(mod: nn.Module):
@@ -89,7 +90,19 @@ def unfused_leaves(model: nn.Module, covered: set[int] = frozenset()) -> Counter
     return out
 
 
+# stochastic depth, by the class names its libraries give it and where each keeps the drop
+# probability: timm's DropPath (and our zoo's), torchvision's StochasticDepth. At probability 0,
+# or in eval, each returns its input.
+STOCHASTIC_DEPTH = {"DropPath": "drop_prob", "StochasticDepth": "p"}
+
+
 def _computes_nothing(mod: nn.Module) -> bool:
     if type(mod) is nn.Identity:
         return True
-    return isinstance(mod, nn.modules.dropout._DropoutNd) and (mod.p == 0 or not mod.training)
+    if isinstance(mod, nn.modules.dropout._DropoutNd):
+        p = mod.p
+    else:
+        p = getattr(mod, STOCHASTIC_DEPTH.get(type(mod).__name__, ""), None)
+        if isinstance(p, bool) or not isinstance(p, (int, float)):
+            return False
+    return p == 0 or not mod.training
