@@ -45,7 +45,8 @@ def test_own_work_is_not_counted_as_others():
     # the window's non-idle CPU-seconds less ours: the 0.8 s spin is not in "others"
     busy = (b.t - a.t) * b.cpus - (b.idle - a.idle) - (b.steal - a.steal)
     assert f["others_cpu_s"] == pytest.approx(max(0.0, busy - (b.own - a.own)))
-    assert f["others_cpu_s"] <= busy - 0.8 + 1e-6
+    assert f["others_cpu_s"] <= max(0.0, busy - 0.8) + 1e-6     # (busy may read under 0.8
+    # by the idle counters' resolution: then nothing is left for others)
 
 
 def test_fields_are_fractions_of_the_workers_cores():

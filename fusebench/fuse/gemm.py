@@ -14,11 +14,11 @@ That ranking is the CPU's, not the libraries': on an Intel Xeon (Emerald Rapids)
 runs AVX-512, the same recorded calls summed to 21.5 ms (mm) against 22.6 ms (oneDNN) forward
 and 21.5 against 22.7 input gradients (EfficientNet-B3, 2 threads; thirty-fourth session).
 
-Backends are a registry. `auto` (the default) races them: the first time a call of a given
-kind, shape, layout and thread count comes, it runs on both (one warm-up each, then RACE_REPS
-alternating), and that call's kind and shape runs on the faster from then on, oneDNN only where
-it is RACE_MARGIN faster (aten's mm is the plain path). The way cudnn.benchmark picks a
-convolution algorithm. Operands oneDNN does not take (not fp32 CPU with contiguous rows, or
+Backends are a registry. `auto` (the default) races them, as cudnn.benchmark picks a
+convolution algorithm: the first time a call of a given kind, shape, layout and thread count
+comes, it runs on both (one warm-up each, then RACE_REPS alternating), and calls like it run on
+the faster from then on, oneDNN only where it is RACE_MARGIN faster (aten's mm is the plain
+path). Operands oneDNN does not take (not fp32 CPU with contiguous rows, or
 under autocast) run aten without a race; a build without oneDNN (`torch.ops.mkldnn.
 _linear_pointwise`) runs aten. Both accumulate in fp32 and differ in summation order only:
 tests hold both to a float64 reference."""
@@ -167,8 +167,7 @@ def describe_raced() -> str | None:
 
 RACE_REPS = 3           # timed runs per side after the warm-up: the minimum is kept
 RACE_MARGIN = 0.03      # oneDNN only where its time is at least this much below mm's
-_raced: dict[tuple, str] = {}      # (kind, shapes, strides, ...) -> the backend that won
-_clock = time.perf_counter         # tests replace it to fix a verdict
+_raced: dict[tuple, str] = {}      # (kind, threads, shapes, strides, dtypes) -> the winner
 
 
 def _key(kind: str, args) -> tuple:
@@ -187,9 +186,9 @@ def _race(kind: str, args) -> GemmBackend:
         getattr(s, kind)(*args)
     for _ in range(RACE_REPS):
         for s in sides:
-            t0 = _clock()
+            t0 = time.perf_counter()
             getattr(s, kind)(*args)
-            best[s.name] = min(best[s.name], _clock() - t0)
+            best[s.name] = min(best[s.name], time.perf_counter() - t0)
     return sides[1] if best["onednn"] < best["aten"] * (1 - RACE_MARGIN) else sides[0]
 
 
