@@ -124,10 +124,17 @@ def test_kernel_is_named_and_a_failed_build_is_a_fallback_event(monkeypatch):
     assert not any("bn_act_cpu" in n for n in kernel_names(y))
 
 
-def test_bfloat16_runs_aten_under_its_own_name(built):
-    """A dtype the kernel does not compute runs aten's sequence; the node's name says so."""
+def test_bfloat16_runs_eagers_batch_norm_and_act_and_says_so(built):
+    """A dtype the kernel does not compute runs eager's own ops (no Function of ours around
+    aten's: under CPU autocast that cast and copied, thirty-fourth session): eager's numbers,
+    bit for bit, and the warning says what ran."""
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.SiLU()).train()
+    eager = copy.deepcopy(model).bfloat16()
     fuse(model, "train")
-    with pytest.warns(UserWarning, match="does not take this input"):
-        y = model.bfloat16()(torch.randn(2, 3, 4, 4, dtype=torch.bfloat16))
-    assert kernel_names(y) and all("bn_act_cpu" not in n for n in kernel_names(y))
+    x = torch.randn(2, 3, 4, 4, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="does not take this input .* ran eager's batch norm"):
+        y = model.bfloat16()(x)
+    assert not kernel_names(y)
+    torch.testing.assert_close(y, eager(x), rtol=0, atol=0)
+    torch.testing.assert_close(model[1].running_var, eager[1].running_var, rtol=0, atol=0)

@@ -82,7 +82,7 @@ def contention_fields(a: CpuSnapshot, b: CpuSnapshot, threads: int) -> dict[str,
 
 def window_needed_s(threads: int, cpus: int | None = None) -> float:
     """The shortest window whose resolution is at most half of CONTENDED for `threads` cores
-    (capped at MAX_HOLD_S): 0.2 s for 2 threads on 2 CPUs."""
+    (capped at MAX_HOLD_S): 0.17 s for 2 threads on 2 CPUs."""
     cpus = cpus or psutil.cpu_count() or 1
     cores = max(1, min(threads, cpus))
     return min(MAX_HOLD_S, resolution_s(cpus) / (0.5 * CONTENDED * cores))
