@@ -192,7 +192,7 @@ def _race(kind: str, args) -> GemmBackend:
     return sides[1] if best["onednn"] < best["aten"] * (1 - RACE_MARGIN) else sides[0]
 
 
-def _pick(kind: str, args, a, w, b=None, res=None) -> GemmBackend:
+def _pick(kind: str, a, w, b=None, res=None) -> GemmBackend:
     got = current()
     if not got.suits(a, w, b, res=res):
         if _state["name"] == got.name:      # asked for by name: say where it did not run
@@ -202,10 +202,16 @@ def _pick(kind: str, args, a, w, b=None, res=None) -> GemmBackend:
         return GEMMS["aten"]
     if _state["name"] != "auto" or got.name == "aten":
         return got
+    args = _ARGS[kind](a, w, b, res)
     key = _key(kind, args)
     if key not in _raced:
         _raced[key] = _race(kind, args).name
     return GEMMS[_raced[key]]
+
+
+# each kind's arguments, in its backend functions' order
+_ARGS = {"nt": lambda a, w, b, res: (a, w, b), "nn": lambda a, w, b, res: (a, w),
+         "nt_add": lambda a, w, b, res: (res, a, w, b)}
 
 
 def raced() -> Counter:
@@ -215,17 +221,17 @@ def raced() -> Counter:
 
 def nt(a, w, b=None):
     """a @ w^T (+ b) over a's last dim, no autograd node (inside a Function)."""
-    return _pick("nt", (a, w, b), a, w, b).nt(a, w, b)
+    return _pick("nt", a, w, b).nt(a, w, b)
 
 
 def nn(a, w):
     """a @ w over a's last dim (a linear's input gradient)."""
-    return _pick("nn", (a, w), a, w).nn(a, w)
+    return _pick("nn", a, w).nn(a, w)
 
 
 def nt_add(res, a, w, b=None):
     """res + a @ w^T (+ b): res as the GEMM's accumulator, no separate pass for the add."""
-    return _pick("nt_add", (res, a, w, b), a, w, b, res).nt_add(res, a, w, b)
+    return _pick("nt_add", a, w, b, res).nt_add(res, a, w, b)
 
 
 def wgrad(dy, x):
