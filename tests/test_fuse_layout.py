@@ -252,3 +252,88 @@ def test_the_timed_trial_leaves_no_trace(train):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+BF16_AUTOCAST = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+
+
+class Recording(nn.Module):
+    """conv -> BN -> SiLU (a bn_silu site) that records, per call, whether a CPU autocast was
+    on and its input's layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU())
+        self.calls: list[tuple[bool, str]] = []
+
+    def forward(self, x):
+        self.calls.append((torch.is_autocast_enabled("cpu"), layout_of(x)))
+        return self.body(x)
+
+
+def _untimed(monkeypatch):
+    def trial(*_a, **_k):
+        raise AssertionError("the layout trial ran")
+    monkeypatch.setattr(layout, "timed_trial", trial)
+
+
+@pytest.mark.parametrize("how", ["autocast", "bf16 model"])
+def test_auto_keeps_nchw_untimed_where_the_step_computes_in_bf16(monkeypatch, how):
+    """The sites' kernels take float32 / float64 only: under a CPU bf16 autocast (the cell's
+    --amp, handed to prepare as options["autocast"]) or on a bf16 model they run eager's ops,
+    and channels-last inside bought no time there but 1.7x the peak memory (b0, 35th session).
+    auto keeps the user's layout, says why, and times nothing."""
+    _untimed(monkeypatch)
+    model = Recording().train()
+    x = torch.randn(2, 3, 16, 16)
+    options = {"autocast": BF16_AUTOCAST}
+    if how == "bf16 model":
+        model, x, options = model.bfloat16(), x.bfloat16(), {}
+    fn, events = prepared(model, (x,), **options)
+    assert layout.ChannelsLastInside not in wrappers(fn)
+    kept = [m for c, m in events if c == "info" and m.startswith("layout kept NCHW")]
+    assert kept and "prefer channels-last for their float32 / float64 CPU kernels, but this " \
+        "step computes in bfloat16" in kept[0], events
+    assert model.calls == []                      # not even the channels-last check ran
+
+
+def test_auto_in_float32_still_converts_with_an_autocast_that_is_off(trial_says):
+    trial_says("cl")
+    model = Recording().train()
+    fn, events = prepared(model, (torch.randn(2, 3, 16, 16),),
+                          autocast=functools.partial(torch.autocast, "cpu", enabled=False))
+    assert isinstance(fn, layout.ChannelsLastInside)
+    assert {cl for _, cl in model.calls} == {"nchw", "cl"}    # both layouts were tried
+
+
+def test_the_check_and_the_trial_run_under_the_cells_autocast(monkeypatch, trial_says):
+    """Were the kernels to take bf16, the trial would time the step the cell times: the
+    check's and the trial's calls all run under the autocast decide was given."""
+    trial_says("cl")
+    monkeypatch.setattr(layout, "KERNEL_DTYPES", layout.KERNEL_DTYPES | {torch.bfloat16})
+    model = Recording().train()
+    fn, _ = prepared(model, (torch.randn(2, 3, 16, 16),), autocast=BF16_AUTOCAST)
+    assert isinstance(fn, layout.ChannelsLastInside)
+    assert len(model.calls) >= 3 and all(on for on, _ in model.calls), model.calls
+    model.calls.clear()
+    fn(torch.randn(2, 3, 16, 16))                   # the autocast is not left on after prepare
+    assert model.calls == [(False, "cl")]
+
+
+def test_kernel_dtypes_are_the_channels_last_kernels_own():
+    from fusebench.kernels.bn_act import cpu as bn_act
+    from fusebench.kernels.gn_act import cpu as gn_act
+    assert layout.KERNEL_DTYPES == set(bn_act.DTYPES) == set(gn_act.DTYPES)
+
+
+def test_an_amp_cell_hands_its_autocast_to_the_layout_rule():
+    """End to end: an --amp fused cell of an image model with a BN + SiLU site keeps NCHW and
+    says it computes in bfloat16 (the cell passes its autocast to prepare)."""
+    from fusebench.cell.model_cell import run_cell
+    from fusebench.spec import CellSpec
+    spec = CellSpec.for_model(f"{tv_efficientnet.__file__}:make", "fused", batch_size=2,
+                              img_size=32, amp=True, check=False, warmup=1, steps=1, threads=1)
+    rec = run_cell(spec, lambda phase: None)
+    assert rec.status == "ok", rec.error
+    kept = [e.message for e in rec.events if e.message.startswith("layout kept NCHW")]
+    assert kept and "this step computes in bfloat16" in kept[0], [e.message for e in rec.events]

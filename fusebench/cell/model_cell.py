@@ -118,8 +118,10 @@ def _build(spec: CellSpec, phase: Reporter) -> Built:
     # the harness's cost, not the mode's
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) if train else None
     loss = Loss(batch, target, spec.seed + 2)
+    # the mode's options, plus what prepare may need to know of the step: bench, and the
+    # autocast it runs under (fused mode's layout trial times the step the cell will time)
     return Built(spec, model, inputs, loss, params, autocast,
-                 {**spec.options(), "bench": spec.model.bench}, dist, opt,
+                 {**spec.options(), "bench": spec.model.bench, "autocast": autocast}, dist, opt,
                  ReferenceRunner(model, spec, autocast, inputs, loss) if check else None,
                  copy.deepcopy(model) if dist else model)   # sharded params cannot be counted
 

@@ -26,7 +26,18 @@ but the model's own dense convs may not. oneDNN runs a 3x3 conv at 512 channels 
 pairs (in alternating order) while they take under TRIAL_S; channels-last inside stays unless
 NCHW's median is at least MARGIN faster. Buffers, gradients and the RNG are put back. Not
 under a distributed run: ranks timing apart could choose different layouts, so there the
-sites' rule stands."""
+sites' rule stands.
+
+The sites' preference is a float32 / float64 fact: their CPU kernels take only those. Where
+the step computes in another dtype (a CPU autocast to bfloat16, or a bfloat16 model), the sites
+run eager's ops, so `auto` keeps the user's layout there, untimed, and says why; the user's
+own `--channels-last` is the way to run such a model channels-last. Measured (35th session,
+efficientnet_b0 fused, b4 96 px, 2 threads, in one process), channels-last inside / NCHW step
+time: float32 0.72-0.77x, bfloat16 autocast 0.97-1.03x; and under bf16 the cell's peak memory
+read 201 MiB channels-last inside vs 118 MiB NCHW. Timing both layouts there would not help
+either: the trial's other layout leaves its oneDNN primitives cached (41 MiB more RSS after
+the steps, gone with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0). The check and the trial run under the
+cell's autocast (`decide(autocast=...)`), the step the cell times."""
 from __future__ import annotations
 
 import contextlib
@@ -46,6 +57,8 @@ from fusebench.fuse.recompute import PRODUCERS
 # consumers around them, were measured faster on channels-last data; the GroupNorm + act sites
 # of a UNet likewise, with the 3x3 convs around them (the module docstring)
 PREFERS_CHANNELS_LAST = PRODUCERS | {"gn_act"}
+# ...in the dtypes those CPU kernels take (kernels/bn_act/cpu.py, kernels/gn_act/cpu.py: DTYPES)
+KERNEL_DTYPES = frozenset({torch.float32, torch.float64})
 MARGIN = 1.10     # NCHW this much faster keeps it: the trial's few early steps vary by ~7%
 TRIAL_S = 3.0     # timed pairs stop once the trial has spent this long (at least one pair)
 PAIRS = 4         # at most
@@ -91,10 +104,13 @@ class Layout:
 
 
 def decide(choice: str, sites, model: nn.Module, example_inputs: tuple,
-           device: str = "cpu", run: Callable | None = None, train: bool = True) -> Layout:
+           device: str = "cpu", run: Callable | None = None, train: bool = True,
+           autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+           ) -> Layout:
     """Whether to run channels-last inside, for layout option `choice` after fuse() fired
     `sites` for `device`, and the event that says so (a fusion, a kept layout, a fallback).
-    `run`: what the mode will call (the model, or a wrapper of it), timed under `auto`."""
+    `run`: what the mode will call (the model, or a wrapper of it), timed under `auto`;
+    `autocast`: the cell's autocast, which the check and the trial run under."""
     if choice == "keep":
         return Layout(False, "info", "layout kept (fused_layout=keep)")
     if not any(nchw_image(x) for x in example_inputs):
@@ -112,24 +128,50 @@ def decide(choice: str, sites, model: nn.Module, example_inputs: tuple,
     # what the trials' NCHW and channels-last calls warned, said again for the layout kept
     # only: a kernel says a thing once per shape (dwconv.passes_for), at its first call
     said: tuple[list, list] = ([], [])
+    with autocast():
+        out = _checked_and_timed(choice, fired, model, example_inputs, run or model, train,
+                                 said)
+    for w in said[out.inside]:
+        warnings.warn(w.message, stacklevel=2)
+    return out
+
+
+def _checked_and_timed(choice: str, fired: list[str], model: nn.Module, example_inputs: tuple,
+                       run: Callable, train: bool, said: tuple[list, list]) -> Layout:
+    """decide's dtype rule, check and trial, in the caller's autocast."""
+    why = f"{', '.join(fired)} sites" if choice == "auto" else "fused_layout=channels_last"
+    dtype = compute_dtype(model, example_inputs)
+    if choice == "auto" and dtype not in KERNEL_DTYPES:
+        return Layout(False, "info", f"layout kept NCHW: {why} prefer channels-last for their "
+                      f"float32 / float64 CPU kernels, but this step computes in "
+                      f"{str(dtype).removeprefix('torch.')}, where they run eager's ops; "
+                      "fused_layout=channels_last forces it")
     with _recorded(said[1]):
         err = trial_error(model, example_inputs)
     if err:
         return Layout(False, "fallback",
                       f"layout kept NCHW: the model fails on channels-last input ({err})")
-    why = f"{', '.join(fired)} sites" if choice == "auto" else "fused_layout=channels_last"
     out = Layout(True, "fusion", "channels-last inside: NCHW image inputs converted at each "
                  f"call, 4-D outputs converted back ({why})")
     if choice == "auto" and not _distributed():
-        nchw, cl = timed_trial(run or model, model, example_inputs, train, said)
+        nchw, cl = timed_trial(run, model, example_inputs, train, said)
         timed = (f"timed on the example inputs, a {'train' if train else 'forward'} step took "
                  f"{nchw:.1f} ms NCHW and {cl:.1f} ms channels-last inside")
         out = Layout(False, "info", f"layout kept NCHW: {why} prefer channels-last, but "
                      f"{timed}; fused_layout=channels_last forces it") if cl > MARGIN * nchw \
             else Layout(True, "fusion", f"{out.message[:-1]}; {timed})")
-    for w in said[out.inside]:
-        warnings.warn(w.message, stacklevel=2)
     return out
+
+
+def compute_dtype(model: nn.Module, example_inputs: tuple) -> torch.dtype:
+    """The dtype a CPU step of model computes its convs and norms in: a CPU autocast's where
+    one is on, else the first float input's (else the first float parameter's)."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    for t in (*example_inputs, *model.parameters()):
+        if torch.is_tensor(t) and t.is_floating_point():
+            return t.dtype
+    return torch.get_default_dtype()
 
 
 @contextlib.contextmanager

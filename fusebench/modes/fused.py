@@ -8,6 +8,8 @@ Train: submodules are swapped in place, keeping the same Parameters under the sa
 optimizer, the correctness check and FSDP see them). Infer: a fused copy (conv+BN folded)."""
 from __future__ import annotations
 
+import contextlib
+
 from fusebench.modes.options import ModeOption
 from fusebench.modes.registry import register_mode
 from fusebench.modes.base import Mode, device_of
@@ -88,7 +90,8 @@ class Fused(Mode):
         gemm.set_default(self.opts(options)["fused_gemm"])   # this process runs this cell
         events.add("info", "fuser", gemm.describe())         # (and the layout trial below)
         layout = decide(self.opts(options)["fused_layout"], result.sites, result.model,
-                        example_inputs, device, self._wrapped(result.model), bench == "train")
+                        example_inputs, device, self._wrapped(result.model), bench == "train",
+                        options.get("autocast", contextlib.nullcontext))
         if layout.category:
             events.add(layout.category, "fuser", layout.message)
         self._channels_last = layout.inside
