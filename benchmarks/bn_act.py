@@ -20,6 +20,7 @@ from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import run_ops
 from fusebench.fuse.fusions.bn_silu import aten_bn_act_kernel
 from fusebench.kernels.bn_act import cpu
+from fusebench.measure.memory import pin_malloc
 
 SHAPES = ("8x32x112x112", "8x96x56x56", "8x144x56x56", "8x240x28x28", "8x480x14x14",
           "8x1152x7x7")
@@ -83,6 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    pin_malloc(None)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms fwd+bwd (fwd)")
     print(f"{'shape':14s} {'layout':6s} {'aten':>14s} {'fused_before':>14s} {'bn_act_cpu':>14s}"
           f"  aten/kernel fwd+bwd (fwd)")

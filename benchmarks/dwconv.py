@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.kernels.dwconv import cpu
+from fusebench.measure.memory import pin_malloc
 from fusebench.models import create_model
 
 LAYOUTS = {"cl": torch.channels_last, "nchw": torch.contiguous_format}
@@ -113,6 +114,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    pin_malloc(None)
     cpu.extension()                                   # build before timing anything
     shapes = []
     for name in args.models.split(","):

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from fusebench.fuse import gemm
+from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fused_profile import batch_of, build, step, step_parser  # noqa: E402
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
         print(f"gemm: {gemm.GEMMS['onednn'].missing()}", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
+    pin_malloc(None)
     load0 = os.getloadavg()[0]
     calls = record(a)
     got = time_calls(calls, a.reps)

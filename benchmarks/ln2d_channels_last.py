@@ -24,6 +24,7 @@ import torch
 
 from fusebench.kernels.ln2d import cpu
 from fusebench.kernels.registry import get_impl
+from fusebench.measure.memory import pin_malloc
 
 SHAPES = ("8x40x56x56,8x80x56x56,8x80x28x28,8x96x56x56,8x160x28x28,8x160x14x14,"
           "8x192x28x28,8x320x14x14,8x320x7x7,8x384x14x14,8x768x7x7")
@@ -115,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", action="store_true", help="forward and backward apart, no autograd")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    pin_malloc(None)
     if args.split:
         return main_split(args)
     print(f"LN2d channels-last x, fwd+bwd, float32, threads {args.threads}, "

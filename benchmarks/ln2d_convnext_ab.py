@@ -27,6 +27,7 @@ import torch
 from fusebench.fuse import binding, fuse
 from fusebench.kernels.ln2d import cpu as ln2d_cpu
 from fusebench.kernels.registry import get_impl
+from fusebench.measure.memory import pin_malloc
 from fusebench.models import create_model
 
 ASSETS = Path(__file__).resolve().parent.parent / "tests" / "assets"
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    pin_malloc(None)
     fmt = torch.channels_last if args.layout == "cl" else torch.contiguous_format
     x = torch.randn(args.batch, 3, args.size, args.size).to(memory_format=fmt)
     t = torch.randint(0, 1000, (args.batch,))

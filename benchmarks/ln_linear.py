@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebench.fuse.fx.ln_linear_kernel import ln_linear
+from fusebench.measure.memory import pin_malloc
 
 
 def eager(x, lw, lb, w, b):
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--samples", type=int, default=15)
     a = ap.parse_args()
+    pin_malloc(None)
     torch.manual_seed(0)
     x = torch.randn(a.rows, a.dim, requires_grad=True)
     lw, lb = torch.rand(a.dim, requires_grad=True), torch.rand(a.dim, requires_grad=True)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fusebench.fuse.binding import bind_act
 from fusebench.fuse.fusions.fx_mlp import BiasAct, mlp_site
 from fusebench.fuse.fx.acts import pure_act
+from fusebench.measure.memory import pin_malloc
 
 
 def sites():
@@ -32,7 +33,9 @@ def sites():
 
 def interleaved_medians(fns: dict, args, dy, samples: int, warmup: int = 3) -> dict:
     """name -> median seconds of fn(*args).backward(dy), the fns interleaved sample by sample
-    (so the VM's drift hits all alike), after `warmup` untimed rounds."""
+    (so the VM's drift hits all alike), after `warmup` untimed rounds; glibc's heap fixed
+    as a model cell fixes it (docs/benchmarks.md)."""
+    pin_malloc(None)
     times: dict = {k: [] for k in fns}
     for i in range(samples + warmup):
         for k, fn in fns.items():

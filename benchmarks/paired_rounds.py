@@ -25,7 +25,10 @@ def timed(fn) -> float:
 
 def alternate(steps: dict, rounds: int, warmup: int = 3) -> dict:
     """{name: [seconds per round]}: after `warmup` calls of each, `rounds` rounds that call
-    each step once, in the dict's order."""
+    each step once, in the dict's order; glibc's heap fixed as a model cell fixes it
+    (docs/benchmarks.md)."""
+    from fusebench.measure.memory import pin_malloc
+    pin_malloc(None)
     for _ in range(warmup):
         for fn in steps.values():
             fn()

@@ -16,6 +16,7 @@ import time
 import torch
 
 from fusebench.fuse import fuse
+from fusebench.measure.memory import pin_malloc
 from fusebench.models.layers import SqueezeExcite
 
 # (C, H, W) of the SE inputs of efficientnet_b0 / b3 at 192 px (the depthwise convs' outputs)
@@ -64,6 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    pin_malloc(None)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}; eager time / fused (> 1: fused faster)")
     print(f"{'N C H W':18s} {'layout':6s} {'fwd':>6s} {'fwd+bwd':>8s}")

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusebench.measure.contention import current_load  # noqa: E402
+from fusebench.measure.memory import pin_malloc  # noqa: E402
 
 SLOW = 1.25     # a sample this much above the probe's median counts as slow
 
@@ -84,6 +85,7 @@ def main() -> int:
         print("error: --seconds and --every must be positive", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    pin_malloc(None)
     probes = _probes()
     for fn, reps in probes.values():
         _sample(fn, reps)                                   # first touch, caches, dispatch
