@@ -50,15 +50,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from fusebench.dtypes import dtype_name
 from fusebench.errors import describe
+from fusebench.fuse.engine import forward_autocast
 from fusebench.fuse.recompute import PRODUCERS
+from fusebench.kernels.bn_act import cpu as bn_act_cpu
+from fusebench.kernels.gn_act import cpu as gn_act_cpu
 
 # the fused BN + act sites (the recompute producers): their kernels, and the dwconv / SE
 # consumers around them, were measured faster on channels-last data; the GroupNorm + act sites
 # of a UNet likewise, with the 3x3 convs around them (the module docstring)
 PREFERS_CHANNELS_LAST = PRODUCERS | {"gn_act"}
-# ...in the dtypes those CPU kernels take (kernels/bn_act/cpu.py, kernels/gn_act/cpu.py: DTYPES)
-KERNEL_DTYPES = frozenset({torch.float32, torch.float64})
+# ...in the dtypes those CPU kernels take
+KERNEL_DTYPES = frozenset(bn_act_cpu.DTYPES) & frozenset(gn_act_cpu.DTYPES)
 MARGIN = 1.10     # NCHW this much faster keeps it: the trial's few early steps vary by ~7%
 TRIAL_S = 3.0     # timed pairs stop once the trial has spent this long (at least one pair)
 PAIRS = 4         # at most
@@ -144,7 +148,7 @@ def _checked_and_timed(choice: str, fired: list[str], model: nn.Module, example_
     if choice == "auto" and dtype not in KERNEL_DTYPES:
         return Layout(False, "info", f"layout kept NCHW: {why} prefer channels-last for their "
                       f"float32 / float64 CPU kernels, but this step computes in "
-                      f"{str(dtype).removeprefix('torch.')}, where they run eager's ops; "
+                      f"{dtype_name(dtype)}, where they run eager's ops; "
                       "fused_layout=channels_last forces it")
     with _recorded(said[1]):
         err = trial_error(model, example_inputs)
@@ -164,14 +168,14 @@ def _checked_and_timed(choice: str, fired: list[str], model: nn.Module, example_
 
 
 def compute_dtype(model: nn.Module, example_inputs: tuple) -> torch.dtype:
-    """The dtype a CPU step of model computes its convs and norms in: a CPU autocast's where
-    one is on, else the first float input's (else the first float parameter's)."""
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    for t in (*example_inputs, *model.parameters()):
-        if torch.is_tensor(t) and t.is_floating_point():
-            return t.dtype
-    return torch.get_default_dtype()
+    """The dtype a step of model computes its convs and norms in: the first float input's (else
+    the first float parameter's), or its device's autocast's where one is on."""
+    t = next((t for t in (*example_inputs, *model.parameters())
+              if torch.is_tensor(t) and t.is_floating_point()), None)
+    if t is None:
+        return torch.get_default_dtype()
+    cast = forward_autocast(t)
+    return cast[1] if cast else t.dtype
 
 
 @contextlib.contextmanager
