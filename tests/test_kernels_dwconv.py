@@ -56,8 +56,9 @@ def _inputs(shape, k, layout, dtype, bias):
 
 
 # C: two full 16-float vectors + a half + single lanes (41), 8 + lanes (9), one lane; H, W
-# smaller than the kernel, odd / even (stride-2 phases), W past the 4-output register block
-SHAPES = [(2, 41, 11, 13), (1, 9, 6, 5), (2, 1, 3, 2), (1, 17, 1, 9)]
+# smaller than the kernel, odd / even (stride-2 phases), W past the 4-output register block;
+# 120 rows of 4 columns: the weight gradient's 32-row chunks, crossing images
+SHAPES = [(2, 41, 11, 13), (1, 9, 6, 5), (2, 1, 3, 2), (1, 17, 1, 9), (3, 20, 40, 4)]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 

@@ -32,6 +32,12 @@ namespace {
 
 constexpr int64_t kGrainElems = 16384;  // below ~64 KiB of output per thread, threads cost more
 constexpr int kMaxK = 7;
+// Weight gradient: a run accumulates in registers over a chunk of output rows of about
+// kWChunkCols columns (at most kWChunk rows), so that the call and the accumulators' load / store
+// are paid once per chunk, not per row: at ConvNeXt's 10x10 and 5x5 stages a row is 10 or 5
+// outputs (per-row runs: 2.2-2.4x slower there, docs/fused.md, thirty-sixth session).
+constexpr int kWChunk = 32;
+constexpr int64_t kWChunkCols = 160;
 
 // Accumulators live in registers: GCC vector types of 16 floats / 8 doubles (two AVX2 or one
 // AVX-512 register), then 8 / 4, then single lanes for what remains of C. An accumulator kept
@@ -210,62 +216,111 @@ void input_grad_nhwc(const S* dy, const S* wt, S* dx, const Geom& g) {
   });
 }
 
-// For one dy row and tap row i: a[j] += dy[ow] * x[ow*S - P + j] over the row, K chains (two
-// sets, alternate columns, in the interior where no tap is outside).
-template <int K>
-struct WGrad {
+// For tap row i over a chunk of (dy row, x row) pairs: a[j] += dy[ow] * x[ow*S - P + j], K
+// chains (two sets, alternate columns, in the interior where no tap is outside). The edge
+// columns run per tap over the outputs whose column is inside: j is a constant of the unrolled
+// tap loop, so a[j] stays in a register (a check per tap and column cost more than the
+// interior's FMAs at ConvNeXt's 10x10 and 5x5 stages, where 6 of 10 and all 5 columns are
+// edges; an array indexed by a runtime j went to the stack, zeroed with `rep stos` per call).
+inline int64_t first_inside(int64_t off, int64_t cs) {   // least ow with ow*cs + off >= 0
+  return off >= 0 ? 0 : (-off + cs - 1) / cs;
+}
+inline int64_t end_inside(int64_t off, int64_t cs, int64_t inW) {  // ow*cs + off < inW below it
+  return inW - 1 - off < 0 ? 0 : (inW - 1 - off) / cs + 1;
+}
+
+// The (dy row, x row) pairs that meet at one tap row i within a chunk of output rows.
+template <typename S>
+struct RowPairs {
+  const S* dy[kWChunk];
+  const S* x[kWChunk];
+  int n = 0;
+};
+
+template <int K, int Sd>
+struct WGrad {  // Sd: the conv's stride
   template <typename S, int N>
   struct Op {
-    static void run(int64_t c0, const S* dyrow, const S* xrow, S* acc, const Cols* cm,
-                    int64_t C) {
+    static void run(int64_t c0, const RowPairs<S>* rp, S* acc, const Cols* cm, int64_t C) {
       using V = Vec<S, N>;
-      V a[K] = {}, a2[K] = {};
-      auto checked = [&](int64_t ow) {
-        const V gv = ld<V>(dyrow + ow * C + c0);
-        for (int j = 0; j < K; ++j)
-          if (cm->inside(ow, j)) a[j] += gv * ld<V>(xrow + cm->col(ow, j) * C + c0);
-      };
-      int64_t ow = 0;
-      for (; ow < cm->lo; ++ow) checked(ow);
-      const int64_t step = cm->cs * C;
-      for (; ow + 2 <= cm->hi; ow += 2) {
-        const V g0 = ld<V>(dyrow + ow * C + c0), g1 = ld<V>(dyrow + (ow + 1) * C + c0);
-        const S* xp = xrow + cm->col(ow, 0) * C + c0;
-        for (int j = 0; j < K; ++j) {
-          a[j] += g0 * ld<V>(xp + j * C);
-          a2[j] += g1 * ld<V>(xp + step + j * C);
+      V a[K], a2[K];
+#pragma GCC unroll 8
+      for (int j = 0; j < K; ++j) a[j] = V{}, a2[j] = V{};
+      constexpr int64_t cs = Sd;
+      const int64_t lo = cm->lo, hi = cm->hi, B = cm->B;
+      for (int q = 0; q < rp->n; ++q) {
+        const S* dyrow = rp->dy[q] + c0;
+        const S* xrow = rp->x[q] + c0;
+#pragma GCC unroll 8
+        for (int j = 0; j < K; ++j) {   // edges: per tap, the outputs whose column is inside
+          const int64_t off = cm->co + j, first = first_inside(off, cs),
+                        end = std::min(B, end_inside(off, cs, cm->inW));
+          for (int64_t ow = first; ow < std::min(lo, end); ++ow)
+            a[j] += ld<V>(dyrow + ow * C) * ld<V>(xrow + (ow * cs + off) * C);
+          for (int64_t ow = std::max(hi, first); ow < end; ++ow)
+            a2[j] += ld<V>(dyrow + ow * C) * ld<V>(xrow + (ow * cs + off) * C);
+        }
+        int64_t ow = lo;
+        for (; ow + 2 <= hi; ow += 2) {   // the two outputs' taps share K - Sd columns of x
+          const V g0 = ld<V>(dyrow + ow * C), g1 = ld<V>(dyrow + (ow + 1) * C);
+          const S* xp = xrow + cm->col(ow, 0) * C;
+          V xv[K + Sd];
+#pragma GCC unroll 10
+          for (int t = 0; t < K + Sd; ++t) xv[t] = ld<V>(xp + t * C);
+#pragma GCC unroll 8
+          for (int j = 0; j < K; ++j) {
+            a[j] += g0 * xv[j];
+            a2[j] += g1 * xv[j + Sd];
+          }
+        }
+        if (ow < hi) {
+          const V g0 = ld<V>(dyrow + ow * C);
+          const S* xp = xrow + cm->col(ow, 0) * C;
+#pragma GCC unroll 8
+          for (int j = 0; j < K; ++j) a[j] += g0 * ld<V>(xp + j * C);
         }
       }
-      for (; ow < cm->B; ++ow) checked(ow);
+#pragma GCC unroll 8
       for (int j = 0; j < K; ++j) st(acc + j * C + c0, ld<V>(acc + j * C + c0) + a[j] + a2[j]);
     }
   };
 };
 
+// acc[c] += sum over the row's w of dy[w, c] (dbias), vectorised along C
+template <typename S>
+void row_sum(const S* __restrict dyrow, S* __restrict acc, int64_t W, int64_t C) {
+  for (int64_t w = 0; w < W; ++w) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += dyrow[w * C + c];
+  }
+}
+
 // dwt[i, j] = sum_{n,oh,ow} dy[n, oh, ow] * x[n, oh*S - P + i, ow*S - P + j];  db = sum dy
-template <typename S, int K>
+template <typename S, int K, int Sd>
 void weight_grad_nhwc(const S* dy, const S* x, S* dwt, S* db, const Geom& g) {
   const Cols cm = make_cols(g.S, -g.P, 1, 0, 1, K, g.W, g.OW);
   const int64_t rows = g.N * g.OH, KKC = K * K * g.C, C = g.C;
   const int64_t parts = std::max<int64_t>(
       1, std::min<int64_t>(at::get_num_threads(), rows * g.OW * C / kGrainElems));
   std::vector<S> pw(parts * KKC, S(0)), pb(db ? parts * C : 0, S(0));
+  const int64_t chunk = std::clamp<int64_t>(kWChunkCols / std::max<int64_t>(1, g.OW), 1, kWChunk);
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       S* acc = pw.data() + p * KKC;
-      for (int64_t r = p * rows / parts; r < (p + 1) * rows / parts; ++r) {
-        const int64_t n = r / g.OH, oh = r % g.OH;
-        const S* dyrow = dy + r * g.OW * C;
-        if (db) {
-          S* accb = pb.data() + p * C;
-          for (int64_t w = 0; w < g.OW; ++w)
-            for (int64_t c = 0; c < C; ++c) accb[c] += dyrow[w * C + c];
-        }
+      const int64_t r1 = (p + 1) * rows / parts;
+      for (int64_t r0 = p * rows / parts; r0 < r1; r0 += chunk) {
+        const int64_t re = std::min(r1, r0 + chunk);
+        if (db)
+          for (int64_t r = r0; r < re; ++r) row_sum(dy + r * g.OW * C, pb.data() + p * C, g.OW, C);
         for (int64_t i = 0; i < K; ++i) {
-          const int64_t ih = oh * g.S - g.P + i;
-          if (ih < 0 || ih >= g.H) continue;
-          by_lanes<S, WGrad<K>::template Op>(C, dyrow, x + (n * g.H + ih) * g.W * C,
-                                             acc + i * K * C, &cm, C);
+          RowPairs<S> rp;
+          for (int64_t r = r0; r < re; ++r) {
+            const int64_t n = r / g.OH, ih = (r % g.OH) * g.S - g.P + i;
+            if (ih < 0 || ih >= g.H) continue;
+            rp.dy[rp.n] = dy + r * g.OW * C;
+            rp.x[rp.n++] = x + (n * g.H + ih) * g.W * C;
+          }
+          if (rp.n) by_lanes<S, WGrad<K, Sd>::template Op>(C, &rp, acc + i * K * C, &cm, C);
         }
       }
     }
@@ -347,8 +402,11 @@ std::vector<at::Tensor> backward_weight(at::Tensor dy, at::Tensor x, at::Tensor 
   if (dy.numel() > 0)
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwconv_cpu_bwd_weight", [&] {
       using S = scalar_t;
-      auto wg = g.K == 3 ? weight_grad_nhwc<S, 3>
-                         : g.K == 5 ? weight_grad_nhwc<S, 5> : weight_grad_nhwc<S, 7>;
+      using WG = void (*)(const S*, const S*, S*, S*, const Geom&);
+      const WG by_k_s[3][2] = {{weight_grad_nhwc<S, 3, 1>, weight_grad_nhwc<S, 3, 2>},
+                               {weight_grad_nhwc<S, 5, 1>, weight_grad_nhwc<S, 5, 2>},
+                               {weight_grad_nhwc<S, 7, 1>, weight_grad_nhwc<S, 7, 2>}};
+      const WG wg = by_k_s[g.K / 2 - 1][g.S - 1];
       wg(dy.const_data_ptr<S>(), x.const_data_ptr<S>(), dwt.mutable_data_ptr<S>(),
          bias ? db.mutable_data_ptr<S>() : nullptr, g);
     });
