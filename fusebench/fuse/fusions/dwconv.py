@@ -22,6 +22,10 @@ A 3x3 site still runs as a FusedDepthwiseConv when its input is a fused BN + act
     then) lost to oneDNN's in channels-last (0.63-0.85x), the layout ConvNeXt's residual stream
     has. Aten's grad input + our grad weight: 0.92-1.15x channels-last at 40..160, 5.0x at 320,
     2.4-3.3x NCHW.
+  - Thirty-sixth session (Intel Xeon VM, 2 threads, channels-last, 160 px), after our weight
+    gradient's rework (1.3-2.4x faster per call at 7x7, 1.05-1.2x at 5x5): aten's grad input +
+    ours 3.3-4.9x aten's backward at 5x5, 0.71-1.08x at 3x3 (most within 1.0-1.08x, noise
+    here): the rule stands.
 Rerun the benchmark on a quiet machine before changing passes_for."""
 from __future__ import annotations
 
