@@ -73,6 +73,13 @@ def test_sigkill_during_writes_never_leaves_a_corrupt_file(tmp_path):
 
 
 # ------------------------------------------------------------------------ CLI runs we interrupt
+def _terminal_signals() -> None:
+    """In the child before exec: SIGINT as a terminal gives it. A suite started in the
+    background by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then
+    never turns it into KeyboardInterrupt: the Ctrl-C case would test the launcher, not us."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CliRun:
     """`python -m fusebench run` in a real subprocess whose 2nd cell hangs in its first call."""
 
@@ -85,7 +92,8 @@ class CliRun:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fusebench", "run", TINY, "-m", "eager,test_hang_call",
                  "-b", "2", "--warmup", "1", "--steps", "2", "--no-check", "--timeout", "600",
-                 "--out", str(self.out)], cwd=tmp, env=env, stdout=o, stderr=e)
+                 "--out", str(self.out)], cwd=tmp, env=env, stdout=o, stderr=e,
+                preexec_fn=_terminal_signals)
         self.workers: dict[int, psutil.Process] = {}
 
     def poll(self) -> bool:
