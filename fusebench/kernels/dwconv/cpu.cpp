@@ -81,6 +81,15 @@ struct Cols {
   int64_t col(int64_t b, int64_t t) const { return b * cs + co + t * cd; }
   bool inside(int64_t b, int64_t t) const { const int64_t c = col(b, t); return c >= 0 && c < inW; }
   bool all_inside(int64_t b) const { return inside(b, 0) && inside(b, T - 1); }
+  // the outputs whose tap t is inside: [first(t), end(t)), closed forms of `inside`
+  int64_t first(int64_t t) const {
+    const int64_t off = co + t * cd;
+    return off >= 0 ? 0 : (-off + cs - 1) / cs;
+  }
+  int64_t end(int64_t t) const {
+    const int64_t room = inW - 1 - (co + t * cd);
+    return room < 0 ? 0 : std::min(B, room / cs + 1);
+  }
 };
 
 Cols make_cols(int64_t cs, int64_t co, int64_t cd, int64_t wc0, int64_t wcs, int64_t T,
@@ -216,19 +225,6 @@ void input_grad_nhwc(const S* dy, const S* wt, S* dx, const Geom& g) {
   });
 }
 
-// For tap row i over a chunk of (dy row, x row) pairs: a[j] += dy[ow] * x[ow*S - P + j], K
-// chains (two sets, alternate columns, in the interior where no tap is outside). The edge
-// columns run per tap over the outputs whose column is inside: j is a constant of the unrolled
-// tap loop, so a[j] stays in a register (a check per tap and column cost more than the
-// interior's FMAs at ConvNeXt's 10x10 and 5x5 stages, where 6 of 10 and all 5 columns are
-// edges; an array indexed by a runtime j went to the stack, zeroed with `rep stos` per call).
-inline int64_t first_inside(int64_t off, int64_t cs) {   // least ow with ow*cs + off >= 0
-  return off >= 0 ? 0 : (-off + cs - 1) / cs;
-}
-inline int64_t end_inside(int64_t off, int64_t cs, int64_t inW) {  // ow*cs + off < inW below it
-  return inW - 1 - off < 0 ? 0 : (inW - 1 - off) / cs + 1;
-}
-
 // The (dy row, x row) pairs that meet at one tap row i within a chunk of output rows.
 template <typename S>
 struct RowPairs {
@@ -237,6 +233,12 @@ struct RowPairs {
   int n = 0;
 };
 
+// For tap row i over a chunk of (dy row, x row) pairs: a[j] += dy[ow] * x[ow*S - P + j], K
+// chains (two sets, alternate columns, in the interior where no tap is outside). The edge
+// columns run per tap over the outputs whose column is inside: j is a constant of the unrolled
+// tap loop, so a[j] stays in a register (a check per tap and column cost more than the
+// interior's FMAs at ConvNeXt's 10x10 and 5x5 stages, where 6 of 10 and all 5 columns are
+// edges; an array indexed by a runtime j went to the stack, zeroed with `rep stos` per call).
 template <int K, int Sd>
 struct WGrad {  // Sd: the conv's stride
   template <typename S, int N>
@@ -247,17 +249,19 @@ struct WGrad {  // Sd: the conv's stride
 #pragma GCC unroll 8
       for (int j = 0; j < K; ++j) a[j] = V{}, a2[j] = V{};
       constexpr int64_t cs = Sd;
-      const int64_t lo = cm->lo, hi = cm->hi, B = cm->B;
+      const int64_t lo = cm->lo, hi = cm->hi;
+      int64_t first[K], end[K];      // per tap, once per run: divisions, not per row
+#pragma GCC unroll 8
+      for (int j = 0; j < K; ++j) first[j] = cm->first(j), end[j] = cm->end(j);
       for (int q = 0; q < rp->n; ++q) {
         const S* dyrow = rp->dy[q] + c0;
         const S* xrow = rp->x[q] + c0;
 #pragma GCC unroll 8
         for (int j = 0; j < K; ++j) {   // edges: per tap, the outputs whose column is inside
-          const int64_t off = cm->co + j, first = first_inside(off, cs),
-                        end = std::min(B, end_inside(off, cs, cm->inW));
-          for (int64_t ow = first; ow < std::min(lo, end); ++ow)
+          const int64_t off = cm->co + j;
+          for (int64_t ow = first[j]; ow < std::min(lo, end[j]); ++ow)
             a[j] += ld<V>(dyrow + ow * C) * ld<V>(xrow + (ow * cs + off) * C);
-          for (int64_t ow = std::max(hi, first); ow < end; ++ow)
+          for (int64_t ow = std::max(hi, first[j]); ow < end[j]; ++ow)
             a2[j] += ld<V>(dyrow + ow * C) * ld<V>(xrow + (ow * cs + off) * C);
         }
         int64_t ow = lo;
