@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include "../huge_pages.h"
+#include "../vec.h"
 
 #include <algorithm>
 #include <cstring>
@@ -39,21 +40,12 @@ constexpr int kMaxK = 7;
 constexpr int kWChunk = 32;
 constexpr int64_t kWChunkCols = 160;
 
-// Accumulators live in registers: GCC vector types of 16 floats / 8 doubles (two AVX2 or one
-// AVX-512 register), then 8 / 4, then single lanes for what remains of C. An accumulator kept
-// in memory serialises every tap on store-to-load forwarding (measured 4-7x slower).
-template <typename S, int N>
-struct VecOf {  // (an alias template would drop the attribute)
-  typedef S type __attribute__((vector_size(sizeof(S) * N)));
-  static_assert(sizeof(type) == sizeof(S) * N, "vector_size ignored");
-};
-template <typename S, int N>
-using Vec = typename VecOf<S, N>::type;
-
-template <typename V, typename S>
-inline V ld(const S* p) { V v; std::memcpy(&v, p, sizeof(V)); return v; }
-template <typename V, typename S>
-inline void st(S* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
+// Accumulators live in registers (vec.h): GCC vector types of 16 floats / 8 doubles, then 8 / 4,
+// then single lanes for what remains of C. An accumulator kept in memory serialises every tap
+// on store-to-load forwarding (measured 4-7x slower).
+using fusebench::ld;
+using fusebench::st;
+using fusebench::Vec;
 
 // Run Op<S, lanes>::run(c0, args...) over C: full vectors, a half vector, then single lanes.
 template <typename S, template <typename, int> class Op, typename... Args>

@@ -27,6 +27,7 @@
 #include "../cpu_math.h"
 #include "../huge_pages.h"
 #include "../part_sums.h"
+#include "../vec.h"
 
 namespace {
 
@@ -227,31 +228,69 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
 }
 
 // ---------------------------------------------------------------- channels-last (NHWC memory)
+// K sums over one row's C values of f(z, c) (vec.h's row_sums: register accumulators) where the
+// row's storage type is its accumulation type; bfloat16 rows convert per value under `omp simd`.
+template <int K, typename T, typename A, typename F>
+inline std::array<A, K> sum_row(int64_t C, F f) {
+  static_assert(K == 1 || K == 2, "one or two sums");
+  if constexpr (std::is_same_v<T, A>) {
+    return fusebench::row_sums<K, A>(C, f);
+  } else if constexpr (K == 1) {
+    A s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += f(A(0), c)[0];
+    return {s};
+  } else {
+    A s = 0, t = 0;
+#pragma omp simd reduction(+ : s, t)
+    for (int64_t c = 0; c < C; ++c) {
+      const std::array<A, 2> v = f(A(0), c);
+      s += v[0];
+      t += v[1];
+    }
+    return {s, t};
+  }
+}
+
+// One row's C values from p + c as f's z asks: a Vec (T == A), or one value converted to A.
+template <typename V, typename T>
+inline V row_at(const T* p, int64_t c) {
+  if constexpr (std::is_same_v<V, T> || !std::is_arithmetic_v<V>) return fusebench::at<V>(p + c);
+  else return static_cast<V>(p[c]);
+}
+
+template <typename T, typename A>
+void fwd_rows(const T* __restrict x, const A* __restrict w, const A* __restrict b,
+              T* __restrict y, A* __restrict mean, A* __restrict rstd, int64_t r0, int64_t r1,
+              int64_t C, A eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* __restrict xr = x + r * C;
+    T* __restrict yr = y + r * C;
+    const A k = static_cast<A>(xr[0]);
+    const A m = sum_row<1, T, A>(C, [&](auto z, int64_t c) {
+      using V = decltype(z);
+      return std::array<V, 1>{row_at<V>(xr, c) - k};
+    })[0] / A(C);
+    // second pass over the L1-resident row: numerically stable variance
+    const A v = sum_row<1, T, A>(C, [&](auto z, int64_t c) {
+      using V = decltype(z);
+      const V d = row_at<V>(xr, c) - k - m;
+      return std::array<V, 1>{d * d};
+    })[0];
+    const A rs = A(1) / std::sqrt(v / A(C) + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c)
+      yr[c] = static_cast<T>((static_cast<A>(xr[c]) - k - m) * rs * w[c] + b[c]);
+  }
+}
+
 template <typename T, typename A>
 void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_t rows, int64_t C,
               double eps) {
   at::parallel_for(0, rows, grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * C;
-      T* yr = y + r * C;
-      const A k = static_cast<A>(xr[0]);
-      A s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < C; ++c) s += static_cast<A>(xr[c]) - k;
-      const A m = s / A(C);
-      A v = 0;  // second pass over the L1-resident row: numerically stable variance
-#pragma omp simd reduction(+ : v)
-      for (int64_t c = 0; c < C; ++c) {
-        const A d = static_cast<A>(xr[c]) - k - m;
-        v += d * d;
-      }
-      const A rs = A(1) / std::sqrt(v / A(C) + A(eps));
-      mean[r] = m;
-      rstd[r] = rs;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c)
-        yr[c] = static_cast<T>((static_cast<A>(xr[c]) - k - m) * rs * w[c] + b[c]);
-    }
+    fwd_rows(x, w, b, y, mean, rstd, r0, r1, C, static_cast<A>(eps));
   });
 }
 
@@ -259,9 +298,8 @@ void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_
 // parameters, not a lambda body: inside the parallel lambda the captured pointers are
 // references, and GCC vectorised the `omp simd` loops over them with gathers (vgatherqps, 12
 // in the build) - what made this path 1.4-2x slower than aten's row backward at C = 80..320.
-// Two passes over the L1-resident row: the two row sums, then one pass that updates this
-// part's dweight/dbias partials and writes dx (the old three-pass split was only needed for
-// the gather-vectorised build).
+// The two row sums in one pass (sum_row), then one pass that updates this part's dweight/dbias partials
+// and writes dx (the old three-pass split was only needed for the gather-vectorised build).
 template <typename T, typename A>
 void bwd_rows(const T* __restrict dy, const T* __restrict x, const A* __restrict mean,
               const A* __restrict rstd, const A* __restrict w, T* __restrict dx,
@@ -272,15 +310,13 @@ void bwd_rows(const T* __restrict dy, const T* __restrict x, const A* __restrict
     const T* __restrict dyr = dy + r * C;
     T* __restrict dxr = dx + r * C;
     const A k = static_cast<A>(xr[0]), m = mean[r], rs = rstd[r];
-    A sg = 0, sgx = 0;  // sum(g), sum(g * (x - k - m)) with g = dy * w
-#pragma omp simd reduction(+ : sg, sgx)
-    for (int64_t c = 0; c < C; ++c) {
-      const A g = static_cast<A>(dyr[c]) * w[c];
-      sg += g;
-      sgx += g * (static_cast<A>(xr[c]) - k - m);
-    }
-    sg *= invC;
-    sgx *= rs * invC;  // mean of g * xhat
+    // sum(g), sum(g * (x - k - m)) with g = dy * w
+    const std::array<A, 2> sums = sum_row<2, T, A>(C, [&](auto z, int64_t c) {
+      using V = decltype(z);
+      const V g = row_at<V>(dyr, c) * row_at<V>(w, c);
+      return std::array<V, 2>{g, g * (row_at<V>(xr, c) - k - m)};
+    });
+    const A sg = sums[0] * invC, sgx = sums[1] * rs * invC;  // mean of g, of g * xhat
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
       const A xh = (static_cast<A>(xr[c]) - k - m) * rs;
