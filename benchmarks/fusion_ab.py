@@ -31,6 +31,7 @@ from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fused_profile import batch_of, build, step, step_parser  # noqa: E402
+from paired_rounds import ab_ratios  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"
           f" (medians of {a.rounds}); load {load0:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(ab_ratios(times))
     return 0
 
 

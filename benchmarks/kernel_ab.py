@@ -27,6 +27,7 @@ from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fused_profile import KERNEL_MODULES, batch_of, build, step, step_parser  # noqa: E402
+from paired_rounds import ab_ratios  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = "fusebench/kernels"
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
     print("  " + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"
           + f", eager/base {med['eager'] / med['base']:.3f}x")
+    print(ab_ratios(times))
     return 0
 
 

@@ -11,9 +11,19 @@ def ratio_ci(num, den) -> str:
     """'median x [low, high]' of num[i] / den[i] over the rounds."""
     from scipy import stats
     ratios = [a / b for a, b in zip(num, den)]
+    if len(ratios) < 3:                 # the bootstrap needs a spread to resample
+        return f"{statistics.median(ratios):.3f}x (no interval from {len(ratios)} rounds)"
     ci = stats.bootstrap((ratios,), statistics.median, n_resamples=2000,
                          random_state=0).confidence_interval
     return f"{statistics.median(ratios):.3f}x [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def ab_ratios(times: dict[str, list[float]]) -> str:
+    """kernel_ab.py's and fusion_ab.py's line for their base / new / eager rounds: the per-round
+    ratios (a round's three steps ran back to back, so the VM's drift cancels in each; the
+    medians' ratio moved by several percent between runs of one A/B on the VM)."""
+    return ("  paired per round: base/new " + ratio_ci(times["base"], times["new"])
+            + ", eager/new " + ratio_ci(times["eager"], times["new"]))
 
 
 def timed(fn) -> float:

@@ -1,5 +1,7 @@
 """benchmarks/fusion_ab.py: a bad fusion name is one line and exit 2; a tiny A/B prints the
 three medians and the ratios, the base side built without the named fusion."""
+import re
+
 from tests.helpers import load_benchmark
 
 
@@ -15,9 +17,11 @@ def test_a_tiny_ab_runs_both_sides(capsys, monkeypatch):
     real = bench.build
     monkeypatch.setattr(bench, "build", lambda *a, **k: built.append(k.get("only")) or real(*a, **k))
     assert bench.main(["--without", "se_project", "--aten-1x1", "--img", "32", "--batch", "2",
-                       "--rounds", "1", "--warmup", "0", "--threads", "1"]) == 0
+                       "--rounds", "3", "--warmup", "0", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "base/new" in out and "without se_project, aten 1x1" in out
+    # the per-round ratios with their interval: "1.012x [0.990, 1.030]"
+    assert re.search(r"paired per round: base/new \d\.\d+x \[\d\.\d+, \d\.\d+\]", out), out
     assert "se_project" not in built[1] and "se_gate" in built[1] and built[0::2] == [None, None]
 
 
