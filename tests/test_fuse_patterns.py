@@ -474,13 +474,17 @@ def test_a_classifier_dropout_is_no_mlp_candidate():
 
 @pytest.mark.parametrize("layout, folded", [(torch.channels_last, True),
                                             (torch.contiguous_format, False)])
-def test_a_1x1_conv_mlp_folds_its_residual_on_channels_last(layout, folded, site_calls):
-    """x + gamma * fc2(act(fc1(x))) with 1x1 convs: on channels-last x the residual is fc2's
-    GEMM accumulator (rows are the (N, H, W, C) view); NCHW keeps aten's add."""
+@pytest.mark.parametrize("block", ["conv_mlp_gamma", "official_convnext"])
+def test_an_mlp_folds_its_residual_on_channels_last(block, layout, folded, site_calls):
+    """x + gamma * fc2(act(fc1(x))) with 1x1 convs, or the official ConvNeXt block's Linears on
+    (N, H, W, C) rows permuted back before `shortcut + ...`: on channels-last x the residual is
+    fc2's GEMM accumulator (its (N, H, W, C) view is the GEMM's rows); NCHW keeps aten's add."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 6, 1), ConvMlpGamma(6)).double().train()
+    inner = ConvMlpGamma(6) if block == "conv_mlp_gamma" \
+        else convnext_official.Block(6, layer_scale=0.5)
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), inner).double().train()
     ref = copy.deepcopy(model)
-    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    assert dict(fuse(model, "train").sites)["mlp"] == 1
     y = assert_matches_eager(model, ref, (image().contiguous(memory_format=layout),))
     kinds = {type(n).__name__ for n in autograd_nodes(y)}
     assert ("ResidualOpFunctionBackward" in kinds) == folded, kinds

@@ -235,10 +235,12 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
 
 
 def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
-             residual: bool = False, p: float = 0.0) -> Site:
+             residual: bool = False, p: float = 0.0, nchw_out: bool = False) -> Site:
     """run(x, [ln weight, ln bias,] w1, b1, w2, b2, [res,] [gamma]): with ln_eps, fc1 takes
     LayerNorm(x) (ln_linear); with residual, res + the MLP, the add inside fc2's GEMM; p: a
-    live dropout between the act and fc2."""
+    live dropout between the act and fc2; nchw_out: the MLP's (N, H, W, C) rows go back to
+    (N, C, H, W) before the add (`res + y.permute(0, 3, 1, 2)`), so fc2's GEMM accumulates
+    into res's (N, H, W, C) view: rows of a channels-last res."""
     kernel, fc_fwd = mlp_kernel(ba, fc, p), FC[fc].fwd
 
     def run(x, *args):
@@ -255,6 +257,11 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
+        if nchw_out:
+            rows = res.permute(0, 2, 3, 1)
+            if not foldable(rows, h0, w2, fc):                   # eager's permute and add
+                return run_ops(kernel, h0, groups).permute(0, 3, 1, 2) + res
+            return run_ops_residual(kernel, h0, groups, rows).permute(0, 3, 1, 2)
         if not foldable(res, h0, w2, fc):
             return run_ops(kernel, h0, groups) + res           # eager's add, same numbers
         return run_ops_residual(kernel, h0, groups, res)
@@ -304,6 +311,18 @@ def _residual(out, scope):
     if not isinstance(res, fx.Node):
         return out, None, ()
     return u, res, (out, *skipped)
+
+
+def _residual_nchw(out, scope):
+    """_residual, also through a permute of a linear's (N, H, W, C) rows back to (N, C, H, W)
+    first: the official ConvNeXt block's `shortcut + x.permute(0, 3, 1, 2)`. (the add node, the
+    residual, nodes skipped, whether the permute was there)."""
+    u = N.single_user(out)
+    if u is not None and N.is_permute(u, (0, 3, 1, 2)):
+        add, res, skipped = _residual(u, scope)
+        if res is not None:
+            return add, res, (out, *skipped), True
+    return (*_residual(out, scope), False)
 
 
 def _live_dropout(drop, fc2_node, fc2, below: tuple, bench: str):
@@ -384,8 +403,9 @@ def mlp(n, scope):
     if ln is not None:
         (ln_node, (x, eps, lw, lb)) = ln
         head, nodes = (x, lw, lb), (*nodes, ln_node)
-    out, res, skipped = _residual(mul or n, scope)
+    out, res, skipped, nchw_out = _residual_nchw(mul or n, scope) if op == "linear" \
+        else (*_residual(mul or n, scope), False)
     if res is not None:
         args = (*args[:4], res, *args[4:])
-    return Hit("mlp", out, mlp_site(ba, op, eps, res is not None, p), (*head, *args),
+    return Hit("mlp", out, mlp_site(ba, op, eps, res is not None, p, nchw_out), (*head, *args),
                (*nodes, *skipped), also=("ln_linear",) if ln else ())
