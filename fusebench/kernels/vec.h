@@ -87,4 +87,36 @@ inline std::array<S, K> row_sums(int64_t C, F f) {
   return s;
 }
 
+// K sums over one row's C values of f(z, c), the row stored as T and summed in A: row_sums
+// where T is A; a bfloat16 row converts per value under `omp simd` instead (its reduction pays
+// GCC's per-lane epilogue, as above).
+template <int K, typename T, typename A, typename F>
+inline std::array<A, K> sum_row(int64_t C, F f) {
+  static_assert(K == 1 || K == 2, "one or two sums");
+  if constexpr (std::is_same_v<T, A>) {
+    return row_sums<K, A>(C, f);
+  } else if constexpr (K == 1) {
+    A s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += f(A(0), c)[0];
+    return {s};
+  } else {
+    A s = 0, t = 0;
+#pragma omp simd reduction(+ : s, t)
+    for (int64_t c = 0; c < C; ++c) {
+      const std::array<A, 2> v = f(A(0), c);
+      s += v[0];
+      t += v[1];
+    }
+    return {s, t};
+  }
+}
+
+// The values at p + c as sum_row's f is asked for them: a Vec (T == A), or one value as A.
+template <typename V, typename T>
+inline V row_at(const T* p, int64_t c) {
+  if constexpr (std::is_same_v<V, T> || !std::is_arithmetic_v<V>) return at<V>(p + c);
+  else return static_cast<V>(p[c]);
+}
+
 }  // namespace fusebench

@@ -35,6 +35,8 @@ using fusebench::AccOf;            // the shared accumulation type, grain and fi
 using fusebench::grain;
 using fusebench::parallel_chunks;
 using fusebench::PartSums;
+using fusebench::row_at;             // row sums in registers (vec.h)
+using fusebench::sum_row;
 
 // H*W positions per task. Measured (32x96x56x56 fp32, 2 threads): 64 positions (a 256-byte run
 // per channel, 192 interleaved streams) left the kernel latency-bound at 1.5-2x its traffic;
@@ -228,37 +230,6 @@ void bwd_nchw(const T* dy, const T* x, const A* mean, const A* rstd, const A* w,
 }
 
 // ---------------------------------------------------------------- channels-last (NHWC memory)
-// K sums over one row's C values of f(z, c) (vec.h's row_sums: register accumulators) where the
-// row's storage type is its accumulation type; bfloat16 rows convert per value under `omp simd`.
-template <int K, typename T, typename A, typename F>
-inline std::array<A, K> sum_row(int64_t C, F f) {
-  static_assert(K == 1 || K == 2, "one or two sums");
-  if constexpr (std::is_same_v<T, A>) {
-    return fusebench::row_sums<K, A>(C, f);
-  } else if constexpr (K == 1) {
-    A s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += f(A(0), c)[0];
-    return {s};
-  } else {
-    A s = 0, t = 0;
-#pragma omp simd reduction(+ : s, t)
-    for (int64_t c = 0; c < C; ++c) {
-      const std::array<A, 2> v = f(A(0), c);
-      s += v[0];
-      t += v[1];
-    }
-    return {s, t};
-  }
-}
-
-// One row's C values from p + c as f's z asks: a Vec (T == A), or one value converted to A.
-template <typename V, typename T>
-inline V row_at(const T* p, int64_t c) {
-  if constexpr (std::is_same_v<V, T> || !std::is_arithmetic_v<V>) return fusebench::at<V>(p + c);
-  else return static_cast<V>(p[c]);
-}
-
 template <typename T, typename A>
 void fwd_rows(const T* __restrict x, const A* __restrict w, const A* __restrict b,
               T* __restrict y, A* __restrict mean, A* __restrict rstd, int64_t r0, int64_t r1,

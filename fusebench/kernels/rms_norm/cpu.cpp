@@ -17,6 +17,7 @@
 #include "../cpu_math.h"
 #include "../huge_pages.h"
 #include "../part_sums.h"
+#include "../vec.h"
 
 namespace {
 
@@ -24,6 +25,8 @@ using fusebench::AccOf;
 using fusebench::grain;
 using fusebench::parallel_chunks;
 using fusebench::PartSums;
+using fusebench::row_at;   // row sums in registers (vec.h)
+using fusebench::sum_row;
 
 // Plain functions with __restrict pointers, not lambda bodies: GCC vectorised `omp simd` loops
 // over a lambda's captured pointers with gathers (ln2d/cpu.cpp's bwd_rows note).
@@ -33,9 +36,11 @@ void fwd_rows(const T* __restrict x, const A* __restrict w, T* __restrict y, A* 
   for (int64_t r = r0; r < r1; ++r) {
     const T* __restrict xr = x + r * C;
     T* __restrict yr = y + r * C;
-    A ss = 0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += static_cast<A>(xr[c]) * static_cast<A>(xr[c]);
+    const A ss = sum_row<1, T, A>(C, [&](auto z, int64_t c) {
+      using V = decltype(z);
+      const V v = row_at<V>(xr, c);
+      return std::array<V, 1>{v * v};
+    })[0];
     const A rs = A(1) / std::sqrt(ss / A(C) + A(eps));
     rstd[r] = rs;
 #pragma omp simd
@@ -53,10 +58,10 @@ void bwd_rows(const T* __restrict dy, const T* __restrict x, const A* __restrict
     const T* __restrict dyr = dy + r * C;
     T* __restrict dxr = dx + r * C;
     const A rs = rstd[r];
-    A sgx = 0;
-#pragma omp simd reduction(+ : sgx)
-    for (int64_t c = 0; c < C; ++c)
-      sgx += static_cast<A>(dyr[c]) * w[c] * static_cast<A>(xr[c]);
+    const A sgx = sum_row<1, T, A>(C, [&](auto z, int64_t c) {
+      using V = decltype(z);
+      return std::array<V, 1>{row_at<V>(dyr, c) * row_at<V>(w, c) * row_at<V>(xr, c)};
+    })[0];
     const A k = rs * rs * rs * sgx / A(C);
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
