@@ -491,6 +491,28 @@ def test_an_mlp_folds_its_residual_on_channels_last(block, layout, folded, site_
     assert ("AddBackward0" in kinds) == (not folded), kinds
 
 
+class BroadcastShortcut(nn.Module):   # the official block's permute back, a (C, 1, 1) "shortcut"
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.shift = nn.Parameter(torch.rand(c, 1, 1))
+
+    def forward(self, x):
+        y = self.fc2(F.gelu(self.fc1(x.permute(0, 2, 3, 1))))
+        return self.shift + y.permute(0, 3, 1, 2)
+
+
+def test_a_residual_that_only_broadcasts_keeps_eagers_add(site_calls):
+    torch.manual_seed(0)
+    model = BroadcastShortcut(6).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"mlp": 1}
+    x = image()[:, :1].expand(2, 6, 32, 32).contiguous(memory_format=torch.channels_last)
+    y = assert_matches_eager(model, ref, (x,))
+    kinds = {type(n).__name__ for n in autograd_nodes(y)}
+    assert "AddBackward0" in kinds and "ResidualOpFunctionBackward" not in kinds, kinds
+
+
 def test_a_hooked_module_is_a_candidate_not_fused():
     model = build(tv_efficientnet.make)
     model.features[0][1].register_forward_hook(lambda m, i, o: None)    # the stem's BN

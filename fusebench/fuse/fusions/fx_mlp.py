@@ -257,9 +257,9 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
-        if nchw_out:
-            rows = res.permute(0, 2, 3, 1)
-            if not foldable(rows, h0, w2, fc):                   # eager's permute and add
+        if nchw_out:    # (a res that only broadcasts, not 4-D: eager's permute and add)
+            rows = res.permute(0, 2, 3, 1) if res.dim() == 4 else None
+            if rows is None or not foldable(rows, h0, w2, fc):
                 return run_ops(kernel, h0, groups).permute(0, 3, 1, 2) + res
             return run_ops_residual(kernel, h0, groups, rows).permute(0, 3, 1, 2)
         if not foldable(res, h0, w2, fc):

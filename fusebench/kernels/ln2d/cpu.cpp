@@ -269,8 +269,9 @@ void fwd_nhwc(const T* x, const A* w, const A* b, T* y, A* mean, A* rstd, int64_
 // parameters, not a lambda body: inside the parallel lambda the captured pointers are
 // references, and GCC vectorised the `omp simd` loops over them with gathers (vgatherqps, 12
 // in the build) - what made this path 1.4-2x slower than aten's row backward at C = 80..320.
-// The two row sums in one pass (sum_row), then one pass that updates this part's dweight/dbias partials
-// and writes dx (the old three-pass split was only needed for the gather-vectorised build).
+// The two row sums in one pass (sum_row), then one pass that updates this part's
+// dweight/dbias partials and writes dx (the old three-pass split was only needed for the
+// gather-vectorised build).
 template <typename T, typename A>
 void bwd_rows(const T* __restrict dy, const T* __restrict x, const A* __restrict mean,
               const A* __restrict rstd, const A* __restrict w, T* __restrict dx,
