@@ -25,13 +25,6 @@ inline V ld(const S* p) { V v; std::memcpy(&v, p, sizeof(V)); return v; }
 template <typename V, typename S>
 inline void st(S* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
 
-// V's worth of values at p: a Vec, or the one S there where V is S itself (row_sum's tail).
-template <typename V, typename S>
-inline V at(const S* p) {
-  if constexpr (std::is_same_v<V, S>) return *p;
-  else return ld<V>(p);
-}
-
 // Sum of v's lanes, halving: log2(N) shuffle + add steps.
 template <typename S, int N>
 inline S hsum(const Vec<S, N>& v) {
@@ -95,28 +88,24 @@ inline std::array<A, K> sum_row(int64_t C, F f) {
   static_assert(K == 1 || K == 2, "one or two sums");
   if constexpr (std::is_same_v<T, A>) {
     return row_sums<K, A>(C, f);
-  } else if constexpr (K == 1) {
-    A s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += f(A(0), c)[0];
-    return {s};
   } else {
-    A s = 0, t = 0;
+    A s = 0, t = 0;   // t: the second sum (K == 2)
 #pragma omp simd reduction(+ : s, t)
     for (int64_t c = 0; c < C; ++c) {
-      const std::array<A, 2> v = f(A(0), c);
+      const std::array<A, K> v = f(A(0), c);
       s += v[0];
-      t += v[1];
+      if constexpr (K == 2) t += v[1];
     }
-    return {s, t};
+    if constexpr (K == 1) return {s};
+    else return {s, t};
   }
 }
 
-// The values at p + c as sum_row's f is asked for them: a Vec (T == A), or one value as A.
+// The values at p + c as sum_row's f asks for them: a Vec's worth (T == A), or one value as V.
 template <typename V, typename T>
 inline V row_at(const T* p, int64_t c) {
-  if constexpr (std::is_same_v<V, T> || !std::is_arithmetic_v<V>) return at<V>(p + c);
-  else return static_cast<V>(p[c]);
+  if constexpr (std::is_arithmetic_v<V>) return static_cast<V>(p[c]);
+  else return ld<V>(p + c);
 }
 
 }  // namespace fusebench

@@ -257,15 +257,18 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
-        if nchw_out:    # (a res that only broadcasts, not 4-D: eager's permute and add)
-            rows = res.permute(0, 2, 3, 1) if res.dim() == 4 else None
-            if rows is None or not foldable(rows, h0, w2, fc):
-                return run_ops(kernel, h0, groups).permute(0, 3, 1, 2) + res
-            return run_ops_residual(kernel, h0, groups, rows).permute(0, 3, 1, 2)
-        if not foldable(res, h0, w2, fc):
-            return run_ops(kernel, h0, groups) + res           # eager's add, same numbers
-        return run_ops_residual(kernel, h0, groups, res)
+        # the accumulator: res, or with nchw_out its (N, H, W, C) view (none for a res that
+        # only broadcasts); where it cannot be one, eager's (permute and) add, same numbers
+        back, acc = (_to_nchw, res.permute(0, 2, 3, 1) if res.dim() == 4 else None) \
+            if nchw_out else (_same, res)
+        if acc is None or not foldable(acc, h0, w2, fc):
+            return back(run_ops(kernel, h0, groups)) + res
+        return back(run_ops_residual(kernel, h0, groups, acc))
     return Site("fused_mlp", run)
+
+
+def _to_nchw(t):
+    return t.permute(0, 3, 1, 2)
 
 
 def foldable(res, h0, w2, fc: str) -> bool:
