@@ -84,8 +84,9 @@ EFFNET = {"bn_act": 9, "se_gate": 4, "se_project": 4, "dwconv": 4, "conv1x1": 4,
 RESNET = {"bn_act": 11, "bn_add_act": 5, "bn_train": 4, "conv1x1": 11}
 # model -> (factory, inputs, sites expected in train)
 ASSETS = {
+    # the stem and the downsamples: kernel == stride convs (patchify)
     "convnext_official": (convnext_official.make, lambda: (image(),),
-                          {"ln2d": 9, "mlp": 5, "dwconv": 5}),
+                          {"ln2d": 9, "mlp": 5, "dwconv": 5, "patchify": 4}),
     # the causal attention written out (a sliced mask buffer: traced with buffers as values)
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2, "attention": 2}),
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2, "attention": 2}),
@@ -142,7 +143,7 @@ ASSETS = {
     "torch_encoder_post_relu": (TORCH_POST_RELU, lambda: torch_inputs(TORCH_POST_RELU),
                                 {"mlp": 2, "mha": 2}),
     # torchvision's ViT: `x, _ = self_attention(...)` (mha), MLPBlock's Sequential (mlp)
-    "tv_vit": (tv_vit.make, lambda: (image(),), {"mha": 2, "mlp": 2}),
+    "tv_vit": (tv_vit.make, lambda: (image(),), {"mha": 2, "mlp": 2, "patchify": 1}),
     "torch_seq2seq": (torch_transformer.make_seq2seq,
                       lambda: torch_inputs(torch_transformer.make_seq2seq),
                       {"mlp": 4, "mha": 6}),
@@ -156,7 +157,7 @@ SITE_NAME = {"se_gate": "fused_se"}
 
 
 # sites without a MultiOpFunction: counted by site calls (gn_act's nodes: test_fuse_gn_act)
-BY_CALLS = ("ln2d", "conv1x1", "rms_norm", "gn_act", "group_norm", "mha", "attention")
+BY_CALLS = ("ln2d", "conv1x1", "patchify", "rms_norm", "gn_act", "group_norm", "mha", "attention")
 MODULE_RULES = ("dwconv", "silu_me")        # module swaps, not graph sites: no site calls
 
 

@@ -192,10 +192,12 @@ def test_mode_records_coverage_events():
     for e in events.events():
         by_kind.setdefault(e.category, []).append(e)
     fusion = {e.message for e in by_kind["fusion"]}
-    assert {"ln2d: 17 sites", "mlp_bias_gelu: 12 sites", "dwconv: 12 sites"} <= fusion, fusion
+    assert {"ln2d: 17 sites", "mlp_bias_gelu: 12 sites", "dwconv: 12 sites",
+            "patchify: 4 sites"} <= fusion, fusion      # patchify: the stem + 3 downsamples
     assert all(e.source == "fuser" for e in by_kind["fusion"])
-    unfused, = by_kind["unfused"]       # stem + 3 downsampling convs
-    assert "Conv2d x4" in unfused.message and unfused.count >= 4
+    unfused, = by_kind["unfused"]       # the head's pool and Linear
+    assert unfused.message == "left unfused: AdaptiveAvgPool2d x1, Linear x1"
+    assert unfused.count == 2
 
 
 def test_mode_on_a_model_without_patterns_says_zero_sites():

@@ -17,7 +17,7 @@ import torch
 from torch.profiler import profile
 
 from fusebench.errors import UsageError
-from fusebench.fuse import gemm
+from fusebench.fuse import gemm, patchify
 from fusebench.fuse import fuse
 from fusebench.fuse.conv1x1 import conv1x1
 from fusebench.measure import correctness as corr
@@ -222,10 +222,11 @@ def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
 
 
 @pytest.mark.skipif("onednn" not in AVAILABLE, reason="torch built without oneDNN")
-def test_the_fused_mode_reports_what_auto_raced_after_the_steps(race_says):
+def test_the_fused_mode_reports_what_auto_raced_after_the_steps(race_says, monkeypatch):
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode
     race_says("onednn")
+    monkeypatch.setattr(patchify, "_raced", {})     # another test's patchify races: not this run's
     torch.manual_seed(0)
     model = nano_gpt.make().train()
     mode, events = get_mode("fused"), EventLog()

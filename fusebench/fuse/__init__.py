@@ -31,7 +31,8 @@ from fusebench.fuse.fusions import (bn_silu, bn_train, conv_bn_fold,  # noqa: F4
                                     fx_attention,
                                     conv_bn_fold_seq, dwconv, fx_bn_act, fx_bn_add_act,
                                     fx_bn_train, fx_conv1x1, fx_fold, fx_glu, fx_gn_act, fx_ln2d,
-                                    fx_ln_linear, fx_mha, fx_mlp, fx_rms_norm, fx_se,
+                                    fx_ln_linear, fx_mha, fx_mlp, fx_patchify, fx_rms_norm,
+                                    fx_se,
                                     ln2d, mlp_bias_gelu, se_gate, se_project, silu_me)
 from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
@@ -43,8 +44,8 @@ GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this modul
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "rms_norm", "gn_act", "se_project",
                                 "se_gate", "bn_add_act", "bn_act", "glu_mlp", "mlp", "mha",
                                 "attention",
-                                "conv_bn_fold_fx", "ln_linear", "conv1x1", "bn_train_fx",
-                                "group_norm")
+                                "conv_bn_fold_fx", "ln_linear", "conv1x1", "patchify",
+                                "bn_train_fx", "group_norm")
 OPT_IN: tuple[str, ...] = ("ln_linear",)   # more work for less memory: reported, fused on request
 assert set(ORDER) == set(FUSIONS.names()), "every bundled fusion is listed in ORDER once"
 assert set(GRAPH_ORDER) == set(PATTERNS.names()), "every graph pattern is in GRAPH_ORDER once"

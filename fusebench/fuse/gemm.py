@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebench.errors import UsageError
+from fusebench.fuse.race import best_times
 from fusebench.registry import Registry
 
 
@@ -177,18 +176,11 @@ def _key(kind: str, args) -> tuple:
 
 
 def _race(kind: str, args) -> GemmBackend:
-    """The faster backend for this call: each side once to warm up (first touch of its output,
-    oneDNN's primitive creation), then RACE_REPS alternating; GEMMs are pure, so the extra runs
-    change nothing but the clock."""
+    """The faster backend for this call (fuse/race.py: a warm-up each, then RACE_REPS
+    alternating); GEMMs are pure, so the extra runs change nothing but the clock."""
     sides = (GEMMS["aten"], GEMMS["onednn"])
-    best = dict.fromkeys((s.name for s in sides), math.inf)
-    for s in sides:
-        getattr(s, kind)(*args)
-    for _ in range(RACE_REPS):
-        for s in sides:
-            t0 = time.perf_counter()
-            getattr(s, kind)(*args)
-            best[s.name] = min(best[s.name], time.perf_counter() - t0)
+    best = best_times({s.name: functools.partial(getattr(s, kind), *args) for s in sides},
+                      RACE_REPS)
     return sides[1] if best["onednn"] < best["aten"] * (1 - RACE_MARGIN) else sides[0]
 
 

@@ -99,10 +99,10 @@ class Fused(Mode):
         return result.model
 
     def finish(self, events):
-        from fusebench.fuse import gemm
-        raced = gemm.describe_raced()          # auto's choices are made as calls first run
-        if raced:
-            events.add("info", "fuser", raced)
+        from fusebench.fuse import gemm, patchify
+        for raced in (gemm.describe_raced(), patchify.describe_raced()):
+            if raced:                          # auto's choices are made as calls first run
+                events.add("info", "fuser", raced)
 
     def _wrapped(self, model):
         """The model as prepare hands it to the cell, but for the layout."""

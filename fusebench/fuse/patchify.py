@@ -1,0 +1,160 @@
+"""Patchify convs (kernel == stride, no padding, groups 1: ViT's and Swin's patch embeddings,
+ConvNeXt's stem and downsamples) as one GEMM on a channels-last x.
+
+A channels-last x's (N, H, W, C) view holds each patch as kh runs of kw * C contiguous values,
+so one copy gathers the (N * Ho * Wo, kh * kw * C) patch matrix, and the conv is that matrix
+times the weight reordered to (O, kh * kw * C), on fuse/gemm.py's backend; backward is the GEMMs'
+input and weight gradients and one copy back. Against oneDNN's conv, forward + backward per
+call (benchmarks/patchify.py, b8, 1 and 2 threads, Intel Xeon VM): 1.02-1.39x at ConvNeXt's 2x2
+downsamples (0.96x at ConvNeXt-T's first, 1 thread), 1.27-1.31x at ViT-B/16's patch
+embedding, 0.61-0.82x at the 4x4 stems on 3 channels (12-value runs, and the input gathered
+again for the weight gradient). Which wins is the CPU's and the shape's, so `auto` (the default)
+races them per call shape, forward and backward, as fuse/gemm.py races its backends; a
+forward without autograd keeps aten's conv (the copy is not paid back by a forward alone).
+NCHW x, autocast and non-CPU tensors keep aten's conv."""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+from fusebench.errors import UsageError
+from fusebench.fuse import gemm
+from fusebench.fuse.conv1x1 import channels_last
+from fusebench.fuse.race import best_times
+
+CHOICES = ("auto", "gemm", "conv")
+_state = {"name": "auto"}
+RACE_REPS = 5           # timed forward + backward runs per side after the warm-up
+RACE_MARGIN = 0.03      # the GEMM only where it is at least this much faster than aten's conv
+_raced: dict[tuple, str] = {}      # (shapes, strides, dtype, grads, threads) -> the winner
+
+
+@contextlib.contextmanager
+def using(name: str):
+    """Inside, patchify sites run `name`: the GEMM, aten's conv, or auto's race."""
+    if name not in CHOICES:
+        raise UsageError(f"patchify: '{name}': valid: {', '.join(CHOICES)}")
+    old, _state["name"] = _state["name"], name
+    try:
+        yield
+    finally:
+        _state["name"] = old
+
+
+def aten_conv(x, w, b=None):
+    return F.conv2d(x, w, b, stride=w.shape[-2:])
+
+
+def _patches(x, kh: int, kw: int):
+    """(N * Ho * Wo, kh * kw * C) from channels-last x, the rows and columns a stride-k conv
+    leaves over dropped (a view), each patch's values in (kh, kw, C) order: one copy."""
+    n, c, h, w = x.shape
+    ho, wo = h // kh, w // kw
+    rows = x.permute(0, 2, 3, 1)[:, :ho * kh, :wo * kw].reshape(n, ho, kh, wo, kw, c)
+    return rows.permute(0, 1, 3, 2, 4, 5).reshape(n * ho * wo, kh * kw * c)
+
+
+def _flat(w):
+    """The weight in the patches' (kh, kw, C) order: a copy, the size of w, made in forward and
+    again in backward rather than saved (the saved w is the Parameter itself)."""
+    return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
+
+
+class PatchConvFunction(torch.autograd.Function):
+    """aten_conv(x, w, b) as one GEMM over x's patches. Saves the patches where x takes a
+    gradient (x itself is then not kept: the same bytes as the conv's saved x); else x, which
+    is then a model input the caller holds anyway, gathered again for the weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        kh, kw = w.shape[-2:]
+        p = _patches(x, kh, kw)
+        n, _, h, wd = x.shape
+        y = gemm.nt(p, _flat(w), b).view(n, h // kh, wd // kw, -1).permute(0, 3, 1, 2)
+        ctx.save_for_backward(p if x.requires_grad else x, w)
+        ctx.x_shape, ctx.has_bias = x.shape, b is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        saved, w = ctx.saved_tensors
+        (n, c, h, wd), (o, _, kh, kw) = ctx.x_shape, w.shape
+        dy2 = dy.permute(0, 2, 3, 1).reshape(-1, o)      # a view where dy is channels-last
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            ho, wo = h // kh, wd // kw
+            dxl = dy.new_zeros(n, h, wd, c) if (h % kh or wd % kw) else dy.new_empty(n, h, wd, c)
+            dxl[:, :ho * kh, :wo * kw].view(n, ho, kh, wo, kw, c).copy_(
+                gemm.nn(dy2, _flat(w)).view(n, ho, wo, kh, kw, c).permute(0, 1, 3, 2, 4, 5))
+            dx = dxl.permute(0, 3, 1, 2)
+        if ctx.needs_input_grad[1]:
+            p = saved if ctx.needs_input_grad[0] else _patches(saved, kh, kw)
+            dw = gemm.wgrad(dy2, p).view(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db
+
+
+def gemm_conv(x, w, b=None):
+    """aten_conv(x, w, b) as a GEMM on channels-last x's patches (PatchConvFunction)."""
+    return PatchConvFunction.apply(x, w, b)
+
+
+def conv(x, w, b=None):
+    """The patchify site: F.conv2d(x, w, b, stride=kernel), on the GEMM or aten's conv."""
+    return gemm_conv(x, w, b) if _use_gemm(x, w, b) else aten_conv(x, w, b)
+
+
+def _use_gemm(x, w, b) -> bool:
+    name = _state["name"]
+    # under autocast the conv is cast as autocast casts convs; the Function's GEMMs would not be
+    # (its backward mixed bfloat16 and float32 operands)
+    if name == "conv" or x.device.type != "cpu" or not channels_last(x) \
+            or torch.is_autocast_enabled("cpu"):
+        return False
+    if name == "gemm":
+        return True
+    grads = tuple(t is not None and t.requires_grad for t in (x, w, b))
+    if not (torch.is_grad_enabled() and any(grads)):
+        return False
+    key = (tuple(x.shape), x.stride(), tuple(w.shape), x.dtype, grads, torch.get_num_threads())
+    if key not in _raced:
+        _raced[key] = _race(x, w, b)
+    return _raced[key] == "gemm"
+
+
+def _race(x, w, b) -> str:
+    """"gemm" or "conv": forward + backward of each on detached copies of the leaves that
+    need a gradient (the model's own tensors and autograd graph are not touched)."""
+    xs, ws, bs = (t if t is None else t.detach().requires_grad_(t.requires_grad)
+                  for t in (x, w, b))
+    leaves = [t for t in (xs, ws, bs) if t is not None and t.requires_grad]
+
+    def side(fn):
+        def run():
+            y = fn(xs, ws, bs)
+            torch.autograd.grad(y, leaves, torch.ones_like(y))
+        return run
+    best = best_times({"gemm": side(gemm_conv), "conv": side(aten_conv)}, RACE_REPS)
+    return "gemm" if best["gemm"] < best["conv"] * (1 - RACE_MARGIN) else "conv"
+
+
+def raced() -> Counter:
+    """How many call shapes auto sent to each side in this process so far."""
+    return Counter(_raced.values())
+
+
+def describe_raced() -> str | None:
+    """What auto chose, once calls have run (None: nothing raced)."""
+    won = raced()
+    if not won:
+        return None
+    return (f"patchify: auto raced {sum(won.values())} conv shapes: the GEMM faster at "
+            f"{won['gemm']}, aten's conv at {won['conv']}")
+
+
+__all__ = ["CHOICES", "aten_conv", "conv", "describe_raced", "gemm_conv", "raced", "using"]
