@@ -156,13 +156,12 @@ def test_auto_races_once_per_call_shape_and_keeps_the_faster(monkeypatch):
     time at this size) loses; then aten's conv made slower loses. The verdict is kept per
     shape; the race leaves the model's gradients alone."""
     monkeypatch.setattr(patchify, "_raced", {})
-    real = patchify.gemm_conv
-    monkeypatch.setattr(patchify, "gemm_conv",
-                        lambda *a: (time.sleep(0.02), real(*a))[1])
+    real = patchify._forward
+    monkeypatch.setattr(patchify, "_forward", lambda *a: (time.sleep(0.02), real(*a))[1])
     x, w, b = _operands()
     patchify.conv(x, w, b)
     assert patchify.raced() == {"conv": 1} and w.grad is None
-    monkeypatch.setattr(patchify, "gemm_conv", real)
+    monkeypatch.setattr(patchify, "_forward", real)
     patchify.conv(x, w, b)                                  # same shape: no new race
     assert sum(patchify.raced().values()) == 1
     conv = patchify.aten_conv
@@ -173,6 +172,30 @@ def test_auto_races_once_per_call_shape_and_keeps_the_faster(monkeypatch):
     assert RAN in {type(f).__name__ for f in autograd_nodes(y)}
     assert patchify.describe_raced() == ("patchify: auto raced 2 conv shapes: the GEMM "
                                          "faster at 1, aten's conv at 1")
+
+
+def test_the_race_records_nothing_for_autograd():
+    """The race calls each side's passes without autograd: no tensor goes through the
+    caller's saved-tensor hooks (an activation checkpoint's would recompute its region)."""
+    x, w, b = _operands()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        assert patchify._race(x, w, b) in ("gemm", "conv")
+    assert packed == [] and w.grad is None and x.grad is None
+
+
+def test_a_race_inside_an_activation_checkpoint(monkeypatch):
+    from torch.utils.checkpoint import checkpoint
+    monkeypatch.setattr(patchify, "_raced", {})
+    x, w, b = _operands()
+    checkpoint(patchify.conv, x, w, b, use_reentrant=False).square().sum().backward()
+    got = [t.grad for t in (x, w, b)]
+    assert sum(patchify.raced().values()) == 1
+    for t in (x, w, b):
+        t.grad = None
+    patchify.aten_conv(x, w, b).square().sum().backward()
+    for g, t in zip(got, (x, w, b)):
+        torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-4)
 
 
 def test_no_race_without_autograd_nchw_or_a_named_choice(monkeypatch):

@@ -63,40 +63,52 @@ def _flat(w):
     return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)
 
 
+def _forward(x, w, b):
+    """(y, what backward keeps): the patches where x takes a gradient (x itself is then not
+    kept: the same bytes as the conv's saved x); else x, which is then a model input the caller
+    holds anyway, gathered again for the weight gradient."""
+    kh, kw = w.shape[-2:]
+    p = _patches(x, kh, kw)
+    n, _, h, wd = x.shape
+    y = gemm.nt(p, _flat(w), b).view(n, h // kh, wd // kw, -1).permute(0, 3, 1, 2)
+    return y, (p if x.requires_grad else x)
+
+
+def _backward(dy, kept, w, x_shape, needs, has_bias):
+    """(dx, dw, db) for the `needs` flags of (x, w, b), from _forward's kept tensor."""
+    (n, c, h, wd), (o, _, kh, kw) = x_shape, w.shape
+    dy2 = dy.permute(0, 2, 3, 1).reshape(-1, o)          # a view where dy is channels-last
+    dx = dw = db = None
+    if needs[0]:
+        ho, wo = h // kh, wd // kw
+        dxl = dy.new_zeros(n, h, wd, c) if (h % kh or wd % kw) else dy.new_empty(n, h, wd, c)
+        dxl[:, :ho * kh, :wo * kw].view(n, ho, kh, wo, kw, c).copy_(
+            gemm.nn(dy2, _flat(w)).view(n, ho, wo, kh, kw, c).permute(0, 1, 3, 2, 4, 5))
+        dx = dxl.permute(0, 3, 1, 2)
+    if needs[1]:
+        p = kept if needs[0] else _patches(kept, kh, kw)
+        dw = gemm.wgrad(dy2, p).view(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+    if has_bias and needs[2]:
+        db = dy2.sum(0)
+    return dx, dw, db
+
+
 class PatchConvFunction(torch.autograd.Function):
-    """aten_conv(x, w, b) as one GEMM over x's patches. Saves the patches where x takes a
-    gradient (x itself is then not kept: the same bytes as the conv's saved x); else x, which
-    is then a model input the caller holds anyway, gathered again for the weight gradient."""
+    """aten_conv(x, w, b) as one GEMM over x's patches; saves _forward's kept tensor and w
+    (the Parameter itself, not its reordered copy)."""
 
     @staticmethod
     def forward(ctx, x, w, b):
-        kh, kw = w.shape[-2:]
-        p = _patches(x, kh, kw)
-        n, _, h, wd = x.shape
-        y = gemm.nt(p, _flat(w), b).view(n, h // kh, wd // kw, -1).permute(0, 3, 1, 2)
-        ctx.save_for_backward(p if x.requires_grad else x, w)
+        y, kept = _forward(x, w, b)
+        ctx.save_for_backward(kept, w)
         ctx.x_shape, ctx.has_bias = x.shape, b is not None
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        saved, w = ctx.saved_tensors
-        (n, c, h, wd), (o, _, kh, kw) = ctx.x_shape, w.shape
-        dy2 = dy.permute(0, 2, 3, 1).reshape(-1, o)      # a view where dy is channels-last
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            ho, wo = h // kh, wd // kw
-            dxl = dy.new_zeros(n, h, wd, c) if (h % kh or wd % kw) else dy.new_empty(n, h, wd, c)
-            dxl[:, :ho * kh, :wo * kw].view(n, ho, kh, wo, kw, c).copy_(
-                gemm.nn(dy2, _flat(w)).view(n, ho, wo, kh, kw, c).permute(0, 1, 3, 2, 4, 5))
-            dx = dxl.permute(0, 3, 1, 2)
-        if ctx.needs_input_grad[1]:
-            p = saved if ctx.needs_input_grad[0] else _patches(saved, kh, kw)
-            dw = gemm.wgrad(dy2, p).view(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0)
-        return dx, dw, db
+        kept, w = ctx.saved_tensors
+        return _backward(dy, kept, w, ctx.x_shape, ctx.needs_input_grad, ctx.has_bias)
 
 
 def gemm_conv(x, w, b=None):
@@ -128,18 +140,23 @@ def _use_gemm(x, w, b) -> bool:
 
 
 def _race(x, w, b) -> str:
-    """"gemm" or "conv": forward + backward of each on detached copies of the leaves that
-    need a gradient (the model's own tensors and autograd graph are not touched)."""
-    xs, ws, bs = (t if t is None else t.detach().requires_grad_(t.requires_grad)
-                  for t in (x, w, b))
-    leaves = [t for t in (xs, ws, bs) if t is not None and t.requires_grad]
+    """"gemm" or "conv": each side's forward and backward passes called directly, without
+    autograd, so that nothing is recorded or saved through the caller's hooks (an activation
+    checkpoint's among them) and the model's gradients are not touched."""
+    needs = tuple(t is not None and t.requires_grad for t in (x, w, b))
+    mask = [needs[0], needs[1], needs[2] and b is not None]
+    bias = None if b is None else [w.shape[0]]
 
-    def side(fn):
-        def run():
-            y = fn(xs, ws, bs)
-            torch.autograd.grad(y, leaves, torch.ones_like(y))
-        return run
-    best = best_times({"gemm": side(gemm_conv), "conv": side(aten_conv)}, RACE_REPS)
+    def gemm_side():
+        y, kept = _forward(x, w, b)
+        _backward(torch.ones_like(y), kept, w, x.shape, needs, b is not None)
+
+    def conv_side():
+        y = aten_conv(x, w, b)
+        torch.ops.aten.convolution_backward(torch.ones_like(y), x, w, bias, list(w.shape[-2:]),
+                                            [0, 0], [1, 1], False, [0, 0], 1, mask)
+    with torch.no_grad():
+        best = best_times({"gemm": gemm_side, "conv": conv_side}, RACE_REPS)
     return "gemm" if best["gemm"] < best["conv"] * (1 - RACE_MARGIN) else "conv"
 
 
