@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                       f"{1e3 * statistics.median(t['conv']):6.2f} ms, GEMM "
                       f"{1e3 * statistics.median(t['gemm']):6.2f} ms, conv/GEMM "
                       f"{ratio_ci(t['conv'], t['gemm'])}; the race picks: "
-                      f"{patchify._race(x, w, b)}", flush=True)
+                      f"{patchify._race(x, w, b, (x_grad, True, True))}", flush=True)
     return 0
 
 

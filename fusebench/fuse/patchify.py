@@ -135,16 +135,15 @@ def _use_gemm(x, w, b) -> bool:
         return False
     key = (tuple(x.shape), x.stride(), tuple(w.shape), x.dtype, grads, torch.get_num_threads())
     if key not in _raced:
-        _raced[key] = _race(x, w, b)
+        _raced[key] = _race(x, w, b, grads)
     return _raced[key] == "gemm"
 
 
-def _race(x, w, b) -> str:
+def _race(x, w, b, needs) -> str:
     """"gemm" or "conv": each side's forward and backward passes called directly, without
     autograd, so that nothing is recorded or saved through the caller's hooks (an activation
-    checkpoint's among them) and the model's gradients are not touched."""
-    needs = tuple(t is not None and t.requires_grad for t in (x, w, b))
-    mask = [needs[0], needs[1], needs[2] and b is not None]
+    checkpoint's among them) and the model's gradients are not touched. needs: which of
+    (x, w, b) take a gradient."""
     bias = None if b is None else [w.shape[0]]
 
     def gemm_side():
@@ -154,7 +153,7 @@ def _race(x, w, b) -> str:
     def conv_side():
         y = aten_conv(x, w, b)
         torch.ops.aten.convolution_backward(torch.ones_like(y), x, w, bias, list(w.shape[-2:]),
-                                            [0, 0], [1, 1], False, [0, 0], 1, mask)
+                                            [0, 0], [1, 1], False, [0, 0], 1, list(needs))
     with torch.no_grad():
         best = best_times({"gemm": gemm_side, "conv": conv_side}, RACE_REPS)
     return "gemm" if best["gemm"] < best["conv"] * (1 - RACE_MARGIN) else "conv"
