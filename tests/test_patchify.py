@@ -229,3 +229,21 @@ def test_an_unknown_choice_is_a_usage_error():
     with pytest.raises(UsageError, match="valid: auto, gemm, conv"):
         with patchify.using("fast"):
             pass
+
+
+def test_the_fused_mode_reports_what_the_race_chose(monkeypatch):
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    monkeypatch.setattr(patchify, "_raced", {})
+    torch.manual_seed(0)
+    mode, events = get_mode("fused"), EventLog()
+    x = _image().float()
+    call = mode.prepare(PatchNet().train(), (x,), {"bench": "train"}, events)
+    assert any(e.message == "patchify: 2 sites" for e in events.events())
+    call(x).square().mean().backward()
+    mode.finish(events)
+    won = patchify.raced()
+    assert sum(won.values()) >= 2           # the stem and the downsample, raced once each
+    assert any(e.message == f"patchify: auto raced {sum(won.values())} conv shapes: the GEMM "
+               f"faster at {won['gemm']}, aten's conv at {won['conv']}"
+               for e in events.events()), [e.message for e in events.events()]
