@@ -50,9 +50,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     a = ap.parse_args(argv)
     models = a.shapes.split(",")
-    if any(m not in SHAPES for m in models) or a.rounds < 3:
-        ap.error(f"--shapes: of {list(SHAPES)}; --rounds >= 3")
-    for threads in (int(t) for t in a.threads.split(",")):
+    try:
+        thread_counts = [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        thread_counts = []
+    if any(m not in SHAPES for m in models) or a.rounds < 3 or min(thread_counts, default=0) < 1:
+        ap.error(f"--shapes: of {list(SHAPES)}; --rounds >= 3; --threads: counts >= 1, "
+                 f"e.g. 1,2")
+    for threads in thread_counts:
         torch.set_num_threads(threads)
         for model in models:
             for name, n, cin, cout, hw, k, x_grad in SHAPES[model]:

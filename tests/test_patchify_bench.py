@@ -15,7 +15,8 @@ def test_a_tiny_run_prints_both_sides_and_the_race(monkeypatch, capsys):
     assert all("conv/GEMM" in r and r.split()[-1] in ("gemm", "conv") for r in rows), rows
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "resnet"], ["--rounds", "2"]])
+@pytest.mark.parametrize("argv", [["--shapes", "resnet"], ["--rounds", "2"], ["--threads", "two"],
+                                  ["--threads", "0"]])
 def test_bad_arguments_exit_2(argv):
     with pytest.raises(SystemExit) as e:
         load_benchmark("patchify").main(argv)
