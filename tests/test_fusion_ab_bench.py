@@ -45,10 +45,10 @@ def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
     real_build = bench.build
     monkeypatch.setattr(bench, "build", lambda *a, **k: built.append(a[2]) or real_build(*a, **k))
     real = bench.step
-    monkeypatch.setattr(bench, "step", lambda *a, **k: seen.append(gemm._state["name"])
+    monkeypatch.setattr(bench, "step", lambda *a, **k: seen.append(gemm._choice.name)
                         or real(*a, **k))
     assert bench.main(["--gemm", "aten", "--img", "32", "--batch", "2", "--rounds", "1",
                        "--warmup", "0", "--threads", "1"]) == 0
     assert "(base: aten GEMMs)" in capsys.readouterr().out
-    assert sorted(seen) == ["aten", "auto", "auto"] and gemm._state["name"] == "auto"
+    assert sorted(seen) == ["aten", "auto", "auto"] and gemm._choice.name == "auto"
     assert built == [True, False]        # one fused model for both sides (and eager)

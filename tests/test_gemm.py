@@ -20,6 +20,7 @@ from fusebench.errors import UsageError
 from fusebench.fuse import gemm, patchify
 from fusebench.fuse import fuse
 from fusebench.fuse.conv1x1 import conv1x1
+from fusebench.fuse.race import Verdicts
 from fusebench.measure import correctness as corr
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,7 +45,7 @@ def race_says(monkeypatch):
     """Fix auto's verdict for every call shape (tiny shapes time in noise): race_says("onednn")
     or ("aten"), through RACE_MARGIN as the real race reads it; earlier verdicts forgotten."""
     def say(winner: str):
-        monkeypatch.setattr(gemm, "_raced", {})
+        monkeypatch.setattr(gemm, "_raced", Verdicts())
         monkeypatch.setattr(gemm, "RACE_MARGIN", -1e9 if winner == "onednn" else 1.0)
     return say
 
@@ -97,7 +98,7 @@ def test_a_channels_last_1x1_conv_runs_what_auto_raced_and_aten_under_aten(winne
         y.backward(dy)
         return y
 
-    assert gemm._state["name"] == "auto"
+    assert gemm._choice.name == "auto"
     run()                                   # the race runs both sides: profile what follows
     ops = _ops(run)
     assert (ONEDNN_OP in ops) == (winner == "onednn")
@@ -128,7 +129,7 @@ def test_auto_times_both_libraries_once_per_call_shape_and_keeps_the_faster(slow
     """The race itself, with real clocks: one side made 20 ms slower per call (far above any
     GEMM of this size) loses; the verdict is kept per kind and shape, not raced again; another
     shape races anew; the result is the GEMM's either way."""
-    monkeypatch.setattr(gemm, "_raced", {})
+    monkeypatch.setattr(gemm, "_raced", Verdicts())
     monkeypatch.setitem(gemm.GEMMS._items, slow, _slowed(gemm.GEMMS[slow], 0.02))
     fast = "aten" if slow == "onednn" else "onednn"
     a, w = torch.randn(32, 16), torch.randn(8, 16)
@@ -145,7 +146,7 @@ def test_auto_times_both_libraries_once_per_call_shape_and_keeps_the_faster(slow
 
 
 def test_named_backends_and_unsuited_operands_do_not_race(monkeypatch):
-    monkeypatch.setattr(gemm, "_raced", {})
+    monkeypatch.setattr(gemm, "_raced", Verdicts())
     a, w = torch.randn(6, 4), torch.randn(3, 4)
     for name in AVAILABLE:
         if name != "auto":
@@ -201,7 +202,7 @@ def test_an_unavailable_backend_asked_for_by_name_says_why(monkeypatch):
             gemm.set_default("onednn")
     finally:
         gemm.resolve.cache_clear()
-    assert gemm._state["name"] == "auto"
+    assert gemm._choice.name == "auto"
 
 
 def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
@@ -215,7 +216,7 @@ def test_the_fused_mode_takes_fused_gemm_and_reports_the_backend():
         try:
             get_mode("fused").prepare(model, (x,), {"bench": "train", "fused_gemm": choice},
                                       events)
-            assert gemm._state["name"] == choice
+            assert gemm._choice.name == choice
         finally:
             gemm.set_default("auto")
         assert any(shown in e.message for e in events.events())
@@ -226,7 +227,7 @@ def test_the_fused_mode_reports_what_auto_raced_after_the_steps(race_says, monke
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode
     race_says("onednn")
-    monkeypatch.setattr(patchify, "_raced", {})     # another test's patchify races: not this run's
+    monkeypatch.setattr(patchify, "_raced", Verdicts())     # another test's patchify races: not this run's
     torch.manual_seed(0)
     model = nano_gpt.make().train()
     mode, events = get_mode("fused"), EventLog()

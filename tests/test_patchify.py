@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from fusebench.errors import UsageError
 from fusebench.fuse import fuse, patchify
+from fusebench.fuse.race import Verdicts
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import convnext_official, tv_vit  # noqa: E402
@@ -155,7 +156,7 @@ def test_auto_races_once_per_call_shape_and_keeps_the_faster(monkeypatch):
     """The race with real clocks: the GEMM side made 20 ms slower (far above either side's
     time at this size) loses; then aten's conv made slower loses. The verdict is kept per
     shape; the race leaves the model's gradients alone."""
-    monkeypatch.setattr(patchify, "_raced", {})
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     real = patchify._forward
     monkeypatch.setattr(patchify, "_forward", lambda *a: (time.sleep(0.02), real(*a))[1])
     x, w, b = _operands()
@@ -171,7 +172,7 @@ def test_auto_races_once_per_call_shape_and_keeps_the_faster(monkeypatch):
     assert patchify.raced() == {"conv": 1, "gemm": 1}
     assert RAN in {type(f).__name__ for f in autograd_nodes(y)}
     assert patchify.describe_raced() == ("patchify: auto raced 2 conv shapes: the GEMM "
-                                         "faster at 1, aten's conv at 1")
+                                         "faster at 1, aten's conv faster at 1")
 
 
 def test_the_race_records_nothing_for_autograd():
@@ -186,7 +187,7 @@ def test_the_race_records_nothing_for_autograd():
 
 def test_a_race_inside_an_activation_checkpoint(monkeypatch):
     from torch.utils.checkpoint import checkpoint
-    monkeypatch.setattr(patchify, "_raced", {})
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     x, w, b = _operands()
     checkpoint(patchify.conv, x, w, b, use_reentrant=False).square().sum().backward()
     got = [t.grad for t in (x, w, b)]
@@ -199,7 +200,7 @@ def test_a_race_inside_an_activation_checkpoint(monkeypatch):
 
 
 def test_no_race_without_autograd_nchw_or_a_named_choice(monkeypatch):
-    monkeypatch.setattr(patchify, "_raced", {})
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     x, w, b = _operands()
     with torch.no_grad():
         y = patchify.conv(x, w, b)                      # a forward alone keeps the conv
@@ -216,7 +217,7 @@ def test_no_race_without_autograd_nchw_or_a_named_choice(monkeypatch):
 @pytest.mark.parametrize("name", patchify.CHOICES)
 def test_autocast_keeps_the_conv_as_autocast_casts_it(name, monkeypatch):
     """bf16 autocast: aten's conv, cast as in eager (the Function's backward would mix dtypes)."""
-    monkeypatch.setattr(patchify, "_raced", {})
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     x, w, b = _operands()
     with patchify.using(name), torch.autocast("cpu", torch.bfloat16):
         y = patchify.conv(x, w, b)
@@ -234,7 +235,7 @@ def test_an_unknown_choice_is_a_usage_error():
 def test_the_fused_mode_reports_what_the_race_chose(monkeypatch):
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode
-    monkeypatch.setattr(patchify, "_raced", {})
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     torch.manual_seed(0)
     mode, events = get_mode("fused"), EventLog()
     x = _image().float()
@@ -244,6 +245,7 @@ def test_the_fused_mode_reports_what_the_race_chose(monkeypatch):
     mode.finish(events)
     won = patchify.raced()
     assert sum(won.values()) >= 2           # the stem and the downsample, raced once each
-    assert any(e.message == f"patchify: auto raced {sum(won.values())} conv shapes: the GEMM "
-               f"faster at {won['gemm']}, aten's conv at {won['conv']}"
-               for e in events.events()), [e.message for e in events.events()]
+    sides = [f"{label} faster at {won[side]}"
+             for side, label in (("gemm", "the GEMM"), ("conv", "aten's conv")) if won[side]]
+    assert any(e.message == f"patchify: auto raced {sum(won.values())} conv shapes: "
+               + ", ".join(sides) for e in events.events()), [e.message for e in events.events()]

@@ -24,7 +24,6 @@ _linear_pointwise`) runs aten. Both accumulate in fp32 and differ in summation o
 tests hold both to a float64 reference."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 from collections import Counter
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebench.errors import UsageError
-from fusebench.fuse.race import best_times
+from fusebench.fuse.race import Choice, Verdicts, best_times
 from fusebench.registry import Registry
 
 
@@ -102,7 +101,6 @@ GEMMS.add("onednn", GemmBackend(
     "aten's mm for weight gradients"))
 
 CHOICES = ("auto", "onednn", "aten")
-_state = {"name": "auto"}
 
 
 @functools.cache
@@ -124,29 +122,27 @@ def _checked(name: str) -> str:
     return name
 
 
+_choice = Choice(_checked)
+
+
 def current() -> GemmBackend:
-    return resolve(_state["name"])
+    return resolve(_choice.name)
 
 
-@contextlib.contextmanager
 def using(name: str):
     """Inside, fused sites run their GEMMs on backend `name` (the mode's --fused-gemm, the
     A/B side of benchmarks/fusion_ab.py --gemm)."""
-    old, _state["name"] = _state["name"], _checked(name)
-    try:
-        yield
-    finally:
-        _state["name"] = old
+    return _choice.using(name)
 
 
 def set_default(name: str) -> None:
     """The process's backend from here on (the fused mode's worker, once per cell)."""
-    _state["name"] = _checked(name)
+    _choice.set(name)
 
 
 def describe() -> str:
     """The event line fused mode reports for its GEMMs."""
-    name, b = _state["name"], current()
+    name, b = _choice.name, current()
     if name != "auto":
         return f"gemm: '{b.name}' ({b.description})"
     if b.name == "aten":
@@ -157,16 +153,12 @@ def describe() -> str:
 
 def describe_raced() -> str | None:
     """What auto chose, once calls have run (None: nothing raced)."""
-    won = raced()
-    if not won:
-        return None
-    return (f"gemm: auto raced {sum(won.values())} call shapes: "
-            + ", ".join(f"{n} faster at {won[n]}" for n in ("onednn", "aten") if won[n]))
+    return _raced.describe("gemm", "call shapes", {"onednn": "onednn", "aten": "aten"})
 
 
 RACE_REPS = 3           # timed runs per side after the warm-up: the minimum is kept
 RACE_MARGIN = 0.03      # oneDNN only where its time is at least this much below mm's
-_raced: dict[tuple, str] = {}      # (kind, threads, shapes, strides, dtypes) -> the winner
+_raced = Verdicts()      # (kind, threads, shapes, strides, dtypes) -> the winner
 
 
 def _key(kind: str, args) -> tuple:
@@ -187,18 +179,15 @@ def _race(kind: str, args) -> GemmBackend:
 def _pick(kind: str, a, w, b=None, res=None) -> GemmBackend:
     got = current()
     if not got.suits(a, w, b, res=res):
-        if _state["name"] == got.name:      # asked for by name: say where it did not run
+        if _choice.name == got.name:        # asked for by name: say where it did not run
             warnings.warn(f"gemm: the {got.name} backend does not take these operands "
                           f"({a.dtype}, {a.device.type}, "
                           f"{'' if a.is_contiguous() else 'non-'}contiguous rows); aten's mm ran")
         return GEMMS["aten"]
-    if _state["name"] != "auto" or got.name == "aten":
+    if _choice.name != "auto" or got.name == "aten":
         return got
     args = _ARGS[kind](a, w, b, res)
-    key = _key(kind, args)
-    if key not in _raced:
-        _raced[key] = _race(kind, args).name
-    return GEMMS[_raced[key]]
+    return GEMMS[_raced.winner(_key(kind, args), lambda: _race(kind, args).name)]
 
 
 # each kind's arguments, in its backend functions' order
@@ -208,7 +197,7 @@ _ARGS = {"nt": lambda a, w, b, res: (a, w, b), "nn": lambda a, w, b, res: (a, w)
 
 def raced() -> Counter:
     """How many call shapes auto sent to each backend in this process so far."""
-    return Counter(_raced.values())
+    return _raced.tally()
 
 
 def nt(a, w, b=None):

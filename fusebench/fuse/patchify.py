@@ -14,7 +14,6 @@ forward without autograd keeps aten's conv (the copy is not paid back by a forwa
 NCHW x, autocast and non-CPU tensors keep aten's conv."""
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 
 import torch
@@ -23,25 +22,26 @@ import torch.nn.functional as F
 from fusebench.errors import UsageError
 from fusebench.fuse import gemm
 from fusebench.fuse.conv1x1 import channels_last
-from fusebench.fuse.race import best_times
+from fusebench.fuse.race import Choice, Verdicts, best_times
 
 CHOICES = ("auto", "gemm", "conv")
-_state = {"name": "auto"}
 RACE_REPS = 5           # timed forward + backward runs per side after the warm-up
 RACE_MARGIN = 0.03      # the GEMM only where it is at least this much faster than aten's conv
-_raced: dict[tuple, str] = {}      # (shapes, strides, dtype, grads, threads) -> the winner
+_raced = Verdicts()     # (shapes, strides, dtype, grads, threads) -> the winner
 
 
-@contextlib.contextmanager
-def using(name: str):
-    """Inside, patchify sites run `name`: the GEMM, aten's conv, or auto's race."""
+def _checked(name: str) -> str:
     if name not in CHOICES:
         raise UsageError(f"patchify: '{name}': valid: {', '.join(CHOICES)}")
-    old, _state["name"] = _state["name"], name
-    try:
-        yield
-    finally:
-        _state["name"] = old
+    return name
+
+
+_choice = Choice(_checked)
+
+
+def using(name: str):
+    """Inside, patchify sites run `name`: the GEMM, aten's conv, or auto's race."""
+    return _choice.using(name)
 
 
 def aten_conv(x, w, b=None):
@@ -122,7 +122,7 @@ def conv(x, w, b=None):
 
 
 def _use_gemm(x, w, b) -> bool:
-    name = _state["name"]
+    name = _choice.name
     # under autocast the conv is cast as autocast casts convs; the Function's GEMMs would not be
     # (its backward mixed bfloat16 and float32 operands)
     if name == "conv" or x.device.type != "cpu" or not channels_last(x) \
@@ -134,9 +134,7 @@ def _use_gemm(x, w, b) -> bool:
     if not (torch.is_grad_enabled() and any(grads)):
         return False
     key = (tuple(x.shape), x.stride(), tuple(w.shape), x.dtype, grads, torch.get_num_threads())
-    if key not in _raced:
-        _raced[key] = _race(x, w, b, grads)
-    return _raced[key] == "gemm"
+    return _raced.winner(key, lambda: _race(x, w, b, grads)) == "gemm"
 
 
 def _race(x, w, b, needs) -> str:
@@ -161,16 +159,12 @@ def _race(x, w, b, needs) -> str:
 
 def raced() -> Counter:
     """How many call shapes auto sent to each side in this process so far."""
-    return Counter(_raced.values())
+    return _raced.tally()
 
 
 def describe_raced() -> str | None:
     """What auto chose, once calls have run (None: nothing raced)."""
-    won = raced()
-    if not won:
-        return None
-    return (f"patchify: auto raced {sum(won.values())} conv shapes: the GEMM faster at "
-            f"{won['gemm']}, aten's conv at {won['conv']}")
+    return _raced.describe("patchify", "conv shapes", {"gemm": "the GEMM", "conv": "aten's conv"})
 
 
 __all__ = ["CHOICES", "aten_conv", "conv", "describe_raced", "gemm_conv", "raced", "using"]

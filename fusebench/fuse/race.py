@@ -1,9 +1,12 @@
 """Timing races between interchangeable implementations of one call, as cudnn.benchmark picks
-a convolution algorithm: fuse/gemm.py's backends, fuse/patchify.py's GEMM or aten's conv."""
+a convolution algorithm: fuse/gemm.py's backends, fuse/patchify.py's GEMM or aten's conv. Both
+keep their verdicts per call key (Verdicts) and take a named choice or `auto` (Choice)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 
 
@@ -20,3 +23,46 @@ def best_times(sides: dict[str, Callable[[], object]], reps: int) -> dict[str, f
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+class Verdicts(dict):
+    """Each call key's winner, kept for the process: a call shape is raced once."""
+
+    def winner(self, key, race: Callable[[], str]) -> str:
+        if key not in self:
+            self[key] = race()
+        return self[key]
+
+    def tally(self) -> Counter:
+        """How many call keys each side won so far."""
+        return Counter(self.values())
+
+    def describe(self, what: str, noun: str, labels: dict[str, str]) -> str | None:
+        """The event line: '<what>: auto raced N <noun>: <label> faster at k, ...' in `labels`'
+        order, sides that won nothing left out (None: nothing raced yet)."""
+        won = self.tally()
+        if not won:
+            return None
+        return (f"{what}: auto raced {sum(won.values())} {noun}: "
+                + ", ".join(f"{label} faster at {won[side]}" for side, label in labels.items()
+                            if won[side]))
+
+
+class Choice:
+    """Which implementation a family of sites runs: one by name, or `auto` (raced per call
+    shape). `check(name)` returns the name or raises UsageError; `set` changes the process's
+    choice, `using` a block's."""
+
+    def __init__(self, check: Callable[[str], str], default: str = "auto"):
+        self._check, self.name = check, default
+
+    def set(self, name: str) -> None:
+        self.name = self._check(name)
+
+    @contextlib.contextmanager
+    def using(self, name: str):
+        old, self.name = self.name, self._check(name)
+        try:
+            yield
+        finally:
+            self.name = old
