@@ -227,7 +227,8 @@ def test_the_fused_mode_reports_what_auto_raced_after_the_steps(race_says, monke
     from fusebench.measure.events import EventLog
     from fusebench.modes import get_mode
     race_says("onednn")
-    monkeypatch.setattr(patchify, "_raced", Verdicts())     # another test's patchify races: not this run's
+    # another test's patchify races are not this run's
+    monkeypatch.setattr(patchify, "_raced", Verdicts())
     torch.manual_seed(0)
     model = nano_gpt.make().train()
     mode, events = get_mode("fused"), EventLog()
