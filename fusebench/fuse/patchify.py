@@ -48,13 +48,19 @@ def aten_conv(x, w, b=None):
     return F.conv2d(x, w, b, stride=w.shape[-2:])
 
 
-def _patches(x, kh: int, kw: int):
-    """(N * Ho * Wo, kh * kw * C) from channels-last x, the rows and columns a stride-k conv
-    leaves over dropped (a view), each patch's values in (kh, kw, C) order: one copy."""
-    n, c, h, w = x.shape
+def _patch_view(t, kh: int, kw: int):
+    """t's patches as a (N, Ho, Wo, kh, kw, C) view, the rows and columns a stride-k conv
+    leaves over cut off: x's gives the patch matrix, dx's takes its gradient back."""
+    n, c, h, w = t.shape
     ho, wo = h // kh, w // kw
-    rows = x.permute(0, 2, 3, 1)[:, :ho * kh, :wo * kw].reshape(n, ho, kh, wo, kw, c)
-    return rows.permute(0, 1, 3, 2, 4, 5).reshape(n * ho * wo, kh * kw * c)
+    return t.permute(0, 2, 3, 1)[:, :ho * kh, :wo * kw].view(n, ho, kh, wo, kw, c) \
+        .permute(0, 1, 3, 2, 4, 5)
+
+
+def _patches(x, kh: int, kw: int):
+    """(N * Ho * Wo, kh * kw * C) from channels-last x, each patch's values in (kh, kw, C)
+    order: one copy."""
+    return _patch_view(x, kh, kw).reshape(-1, kh * kw * x.shape[1])
 
 
 def _flat(w):
@@ -80,11 +86,10 @@ def _backward(dy, kept, w, x_shape, needs, has_bias):
     dy2 = dy.permute(0, 2, 3, 1).reshape(-1, o)          # a view where dy is channels-last
     dx = dw = db = None
     if needs[0]:
-        ho, wo = h // kh, wd // kw
-        dxl = dy.new_zeros(n, h, wd, c) if (h % kh or wd % kw) else dy.new_empty(n, h, wd, c)
-        dxl[:, :ho * kh, :wo * kw].view(n, ho, kh, wo, kw, c).copy_(
-            gemm.nn(dy2, _flat(w)).view(n, ho, wo, kh, kw, c).permute(0, 1, 3, 2, 4, 5))
-        dx = dxl.permute(0, 3, 1, 2)
+        new = dy.new_zeros if (h % kh or wd % kw) else dy.new_empty   # zeros: rows no patch covers
+        dx = new(n, h, wd, c).permute(0, 3, 1, 2)                      # channels-last
+        v = _patch_view(dx, kh, kw)
+        v.copy_(gemm.nn(dy2, _flat(w)).view(v.shape))
     if needs[1]:
         p = kept if needs[0] else _patches(kept, kh, kw)
         dw = gemm.wgrad(dy2, p).view(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
