@@ -4,10 +4,11 @@
     python benchmarks/fusion_ab.py --aten-1x1 --nchw --threads 1   # 1x1 convs: aten vs GEMMs
     python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
     python benchmarks/fusion_ab.py --gemm aten                     # the sites' GEMMs: aten's mm
+    python benchmarks/fusion_ab.py --model convnext_atto --mlp layers   # MLPs not in row blocks
 
 Models from one seed: fused with everything ("new"), fused without the fusions named in
---without ("base"; with --aten-1x1 and/or --gemm alone base is the new model itself, run with
-aten's 1x1 convs or on another GEMM backend), and eager; train steps in rounds, each round
+--without ("base"; with --aten-1x1, --gemm and/or --mlp alone base is the new model itself,
+run with aten's 1x1 convs, on another GEMM backend or another MLP schedule), and eager; train steps in rounds, each round
 in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
 Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
 the load average. Both fused sides take NCHW input as given (fused mode's channels-last
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm
+from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm, mlp_blocks
 from fusebench.fuse.layout import ChannelsLastInside
 from fusebench.measure.memory import pin_malloc
 
@@ -40,15 +41,17 @@ def main(argv=None) -> int:
     ap.add_argument("--aten-1x1", action="store_true", help="base side: aten's 1x1 convs")
     ap.add_argument("--gemm", choices=[c for c in gemm.CHOICES if c != "auto"],
                     help="base side: the sites' GEMMs on this backend (fuse/gemm.py; new: auto)")
+    ap.add_argument("--mlp", choices=[c for c in mlp_blocks.CHOICES if c != "auto"],
+                    help="base side: the MLP sites on this schedule (fuse/mlp_blocks.py; new: auto)")
     ap.add_argument("--keep-layout", action="store_true",
                     help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
-    if off - known or not (off or a.aten_1x1 or a.keep_layout or a.gemm):
-        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1, --gemm or "
-              "--keep-layout", file=sys.stderr)
+    if off - known or not (off or a.aten_1x1 or a.keep_layout or a.gemm or a.mlp):
+        print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1, --gemm, "
+              "--mlp or --keep-layout", file=sys.stderr)
         return 2
     if a.keep_layout and not a.nchw:
         print("fusion_ab: --keep-layout A/Bs NCHW input: add --nchw", file=sys.stderr)
@@ -59,7 +62,7 @@ def main(argv=None) -> int:
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
     new = build(a.model, cl, True, rebuild=a.fused_recompute)
-    # only the routing differs (--aten-1x1 / --gemm): one model for both sides, so the A/B
+    # only the routing differs (--aten-1x1 / --gemm / --mlp): one model for both sides, so the A/B
     # carries no difference between two instances' heaps
     base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute) \
         if off or a.keep_layout else new
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
                 times[k].append(t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
-                      *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *(["NCHW kept"] * a.keep_layout)])
+                      *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *([f"MLPs: {a.mlp}"] * bool(a.mlp)), *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"
@@ -91,12 +94,15 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def _base_within(a):
-    """The base side's routing: aten's 1x1 convs and/or the GEMM backend asked for."""
+    """The base side's routing: aten's 1x1 convs, the GEMM backend and/or the MLP schedule
+    asked for."""
     with contextlib.ExitStack() as stack:
         if a.aten_1x1:
             stack.enter_context(conv1x1.aten_convs())
         if a.gemm:
             stack.enter_context(gemm.using(a.gemm))
+        if a.mlp:
+            stack.enter_context(mlp_blocks.using(a.mlp))
         yield
 
 

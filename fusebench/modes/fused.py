@@ -99,8 +99,8 @@ class Fused(Mode):
         return result.model
 
     def finish(self, events):
-        from fusebench.fuse import gemm, patchify
-        for raced in (gemm.describe_raced(), patchify.describe_raced()):
+        from fusebench.fuse import gemm, mlp_blocks, patchify
+        for raced in (gemm.describe_raced(), patchify.describe_raced(), mlp_blocks.describe()):
             if raced:                          # auto's choices are made as calls first run
                 events.add("info", "fuser", raced)
 

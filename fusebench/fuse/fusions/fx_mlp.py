@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusebench.fuse import gemm
+from fusebench.fuse import gemm, layer_scale, mlp_blocks
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.conv1x1 import channels_last, conv1x1, conv1x1_add
 from fusebench.fuse.engine import MultiOpKernel, conv_bwd, run_ops
@@ -193,12 +193,6 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         gamma = g3[0].reshape(-1) if g3 else None
         return (g1[0] if g1 else None), g2[0], (g2[1] if len(g2) > 1 else None), gamma
 
-    def folded(w2, b2, gamma):                  # gamma * fc2(g) == fc2'(g)
-        if gamma is None:
-            return w2, b2
-        return (w2 * gamma.reshape(-1, *[1] * (w2.dim() - 1)),
-                None if b2 is None else b2 * gamma)
-
     def fwd(h0, groups, res=None):
         b1, w2, b2, gamma = unpack(groups)
         g = ba.fwd(h0, b1)
@@ -208,13 +202,13 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
             g, mask = _dropout(g, p)
             saved = (keep, mask)
         if res is None:
-            return fc_fwd(g, *folded(w2, b2, gamma)), saved
-        return fc_add(res, g, *folded(w2, b2, gamma)), saved
+            return fc_fwd(g, *layer_scale.fold(w2, b2, gamma)), saved
+        return fc_add(res, g, *layer_scale.fold(w2, b2, gamma)), saved
 
     def bwd(dy, saved, groups):
         (kept, *mask), (b1, w2, b2, gamma) = saved, unpack(groups)
         drop = _dropped(mask[0] if mask else None, p)
-        w2f, b2f = folded(w2, b2, gamma)
+        w2f, b2f = layer_scale.fold(w2, b2, gamma)
         if ba.from_output:                    # kept = g; fc1's bias is in fc1's own GEMM
             dg, weight_grads = fc_bwd(dy, kept, w2f, b2 is not None)
             dh, db1 = ba.from_output(drop(dg), kept), None
@@ -222,15 +216,9 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         else:
             dh, db1, dw2f, db2f = mlp_backward(ba, fc_bwd, dy, kept, b1, w2f, b2 is not None,
                                                drop)
-        grads = [(db1,) if b1 is not None else (), None, ()]
-        if gamma is None:
-            grads[1] = (dw2f, db2f) if b2 is not None else (dw2f,)
-        else:
-            bc = gamma.reshape(-1, *[1] * (w2.dim() - 1))
-            dgam = (dw2f * w2).flatten(1).sum(1) + (db2f * b2 if b2 is not None else 0)
-            grads[1] = (dw2f * bc, db2f * gamma) if b2 is not None else (dw2f * bc,)
-            grads[2] = (dgam.reshape(groups[2][0].shape),)
-        return dh, tuple(grads)
+        fc2_grads, gamma_grads = layer_scale.unfold_grads(
+            dw2f, db2f, w2, b2, gamma, groups[2][0].shape if gamma is not None else None)
+        return dh, ((db1,) if b1 is not None else (), fc2_grads, gamma_grads)
     return MultiOpKernel(f"mlp[{fc},{ba.act.impl}{f',dropout {p}' if p else ''}]", fwd, bwd)
 
 
@@ -242,6 +230,11 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
     (N, C, H, W) before the add (`res + y.permute(0, 3, 1, 2)`), so fc2's GEMM accumulates
     into res's (N, H, W, C) view: rows of a channels-last res."""
     kernel, fc_fwd = mlp_kernel(ba, fc, p), FC[fc].fwd
+    # the row-block schedule (fuse/mlp_blocks.py) takes fc1 too: a GELU with fc1's bias on the
+    # C++ act kernel, no LayerNorm before fc1, no live dropout, a weight stored (out, in)
+    blocks = mlp_blocks.kernel(fc == "conv2d", ba.approx) \
+        if mlp_blocks.binds(ba.bias_gelu) and ln_eps is None and not p and fc != "conv1d" \
+        else None
 
     def run(x, *args):
         if ln_eps is not None:
@@ -249,6 +242,20 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         w1, b1, w2, b2, *rest = args
         res, gamma = (rest[0], rest[1:]) if residual else (None, rest)
         gamma = gamma[0] if gamma else None
+        # the accumulator: res, or with nchw_out its (N, H, W, C) view (none for a res that
+        # only broadcasts); where it cannot be one, eager's (permute and) add, same numbers
+        back, acc = (_to_nchw, res.permute(0, 2, 3, 1) if res is not None and res.dim() == 4
+                     else None) if nchw_out else (_same, res)
+        fold = res is not None and acc is not None and foldable(acc, x, w2, fc)
+        if blocks is not None and b1 is not None and \
+                mlp_blocks.takes(x, fc == "conv2d", w1, b1, w2, b2, gamma, acc if fold else None):
+            groups = ((w1, b1), (w2, b2), (gamma,))
+            if res is None:
+                return run_ops(blocks, x, groups)
+            return back(run_ops_residual(blocks, x, groups, acc)) if fold \
+                else back(run_ops(blocks, x, groups)) + res
+        if blocks is not None:
+            mlp_blocks.note("layers")
         # fc1 without its bias where the kernel adds it (it saves fc1's output and rebuilds
         # act(h0 + b1) in backward), with it where the act's output is kept; LN(x) recomputed
         # in backward with ln_eps
@@ -257,11 +264,7 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
-        # the accumulator: res, or with nchw_out its (N, H, W, C) view (none for a res that
-        # only broadcasts); where it cannot be one, eager's (permute and) add, same numbers
-        back, acc = (_to_nchw, res.permute(0, 2, 3, 1) if res.dim() == 4 else None) \
-            if nchw_out else (_same, res)
-        if acc is None or not foldable(acc, h0, w2, fc):
+        if not fold:
             return back(run_ops(kernel, h0, groups)) + res
         return back(run_ops_residual(kernel, h0, groups, acc))
     return Site("fused_mlp", run)

@@ -9,6 +9,7 @@ import functools
 import torch
 import torch.nn as nn
 
+from fusebench.fuse import mlp_blocks
 from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.conv1x1 import conv1x1
@@ -40,10 +41,17 @@ class FusedConvMlp(FusedModule):
         super().__init__()
         self.fc1, self.fc2 = src.fc1, src.fc2
         self.kernel = bias_gelu_fc2_kernel(act, src.act.approximate)
+        self.blocks = mlp_blocks.kernel(True, src.act.approximate) if mlp_blocks.binds(act) \
+            else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
-        h0 = conv1x1(x, self.fc1.weight)                     # (N, 4C, H, W), bias in the fusion
-        return run_ops(self.kernel, h0, ((self.fc1.bias,), (self.fc2.weight, self.fc2.bias)))
+        w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        if self.blocks is not None and mlp_blocks.takes(x, True, w1, b1, w2, b2):
+            return run_ops(self.blocks, x, ((w1, b1), (w2, b2), ()))
+        if self.blocks is not None:
+            mlp_blocks.note("layers")
+        h0 = conv1x1(x, w1)                                  # (N, 4C, H, W), bias in the fusion
+        return run_ops(self.kernel, h0, ((b1,), (w2, b2)))
 
 
 @register_fusion("mlp_bias_gelu", ConvMlp)

@@ -17,6 +17,8 @@
 
 #include "../cpu_math.h"
 #include "../huge_pages.h"
+#include "gelu_rows.h"
+#include "mlp_blocks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,9 +31,6 @@ using namespace fusebench;
 
 constexpr int64_t kRowBlock = 16;       // channels-last: positions (rows of C) per task
 constexpr int64_t kHwParts = 16;        // channels-last dgate: fixed partials per sample
-
-// GELU and its derivative; exact (erf) or tanh approximation (cpu_math.h's Act).
-template <bool kTanh> using Gelu = Act<kTanh ? kGeluTanh : kGelu>;
 
 enum class Layout { kNCHW, kChannelsLast };
 
@@ -95,11 +94,6 @@ void gelu_plane(const T* __restrict x, A bc, T* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(x[i]) + bc));
 }
 
-template <typename T, typename A, bool kTanh>
-void gelu_row(const T* __restrict x, const A* __restrict b, T* __restrict y, int64_t C) {
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(x[c]) + b[c]));
-}
 
 // dx = dy * gelu'(x + b); returns the plane's sum of dx (its dbias share). kY: also y =
 // gelu(x + b) (a consumer's recomputed input): f and f' of one z share their exp, which GCC
@@ -119,19 +113,6 @@ A gelu_grad_plane(const T* __restrict dy, const T* __restrict x, A bc, T* __rest
   return s;
 }
 
-// dx = dy * gelu'(x + b) over one row of C; acc[c] += dx[c]; kY: y as above
-template <typename T, typename A, bool kTanh, bool kY>
-void gelu_grad_row(const T* __restrict dy, const T* __restrict x, const A* __restrict b,
-                   T* __restrict dx, T* __restrict y, A* __restrict acc, int64_t C) {
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) {
-    const A z = static_cast<A>(x[c]) + b[c];
-    const A d = static_cast<A>(dy[c]) * Gelu<kTanh>::d(z);
-    dx[c] = static_cast<T>(d);
-    if constexpr (kY) y[c] = static_cast<T>(Gelu<kTanh>::f(z));
-    acc[c] += d;
-  }
-}
 
 // One (n, c) plane of H*W values (NCHW) or one row of C values (channels-last) per inner call.
 template <typename T, typename A, bool kTanh>
@@ -540,6 +521,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("glu_packed_forward", &glu_packed_forward,
         "act(gate) * up for ab = [gate, up] along the last dim ([up, gate]: gate_second)",
         py::arg("ab"), py::arg("act"), py::arg("gate_second") = false);
+  m.def("mlp_forward", &fusebench::mlp_blocks::forward,
+        "(out, h0): gelu(x w1^T + b1) w2^T [+ b2] [+ res], in row blocks (mlp_blocks.h)",
+        py::arg("x"), py::arg("w1"), py::arg("b1"), py::arg("w2"), py::arg("b2"), py::arg("res"),
+        py::arg("tanh_approx"), py::arg("rows"));
+  m.def("mlp_backward", &fusebench::mlp_blocks::backward,
+        "(dx, dw1, db1, dw2, db2) from the saved x and h0, in row blocks (mlp_blocks.h)",
+        py::arg("dout"), py::arg("x"), py::arg("h0"), py::arg("b1"), py::arg("w1"),
+        py::arg("w2"), py::arg("tanh_approx"), py::arg("rows"), py::arg("has_b2"));
   m.def("glu_packed_backward", &glu_packed_backward,
         "(d_ab,) from the saved ab, packed as ab; want_p: (d_ab, act(gate) * up)", py::arg("dp"),
         py::arg("ab"), py::arg("act"), py::arg("gate_second") = false, py::arg("want_p") = false);

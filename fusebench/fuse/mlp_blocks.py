@@ -1,0 +1,146 @@
+"""The MLP's row-block schedule: fc1 -> bias + GELU -> fc2 [* gamma] [+ residual] run block by
+block over the rows (kernels/act/mlp_blocks.h, in the act kernels' extension), instead of layer by layer, where it pays.
+
+Run layer by layer, each of the MLP's hidden tensors (rows x 4C) goes to memory and back
+between the GEMMs and the GELU; run per 512-row block, the block's hidden tensors stay in L2.
+The two schedules do the same arithmetic (aten's GEMMs, the act family's GELU), in another
+order of the rows only: in a train step the blocks were 1.02-1.04x faster (ConvNeXt-atto,
+channels-last, 1 and 2 threads; docs/fused.md, fortieth session), alone on hot data the same.
+That gain is the memory traffic a step has and a call timed alone does not, so the schedule is
+a rule on the hidden tensor's size (MIN_HIDDEN_BYTES), not a race.
+
+`auto` (the default) runs the blocks on float32 / float64 CPU rows outside autocast where fc1's
+output is at least MIN_HIDDEN_BYTES and its input at most MAX_CHANNELS wide; `layers` keeps the
+layer-by-layer path (the A/B side of benchmarks/fusion_ab.py --mlp); `blocks` runs the blocks
+wherever the operands allow (tests)."""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import torch
+
+from fusebench.errors import UsageError
+from fusebench.fuse import layer_scale
+from fusebench.fuse.engine import MultiOpKernel
+from fusebench.fuse.race import Choice
+from fusebench.kernels.act import cpu
+
+ROWS = 512          # rows per block: 512 x 4C hidden tensors (four in backward) fit in L2
+# Blocks pay where fc1's output (rows x 4C) would not stay in L2 between the layers. ConvNeXt's
+# MLPs at b8, 160 px, fwd + bwd alone with the caches flushed between calls (layers / blocks,
+# 2 threads; 1 thread): 8 MB hidden tensors 1.10-1.12x; 1.18x, 4 MB 1.07-1.11x; 1.08x, 2 MB
+# 1.02-1.08x; 1.00x, 1 MB 0.87x (one short block a thread, and smaller GEMMs than the layers').
+MIN_HIDDEN_BYTES = 3 << 19      # 1.5 MiB
+# ...and where the GEMMs are narrow enough to be bound by memory rather than by the FMAs: a
+# transformer-style Linear MLP (+ residual), fwd + bwd alone, caches flushed, layers / blocks:
+# C = 96 (25600 rows) 1.29-1.30x, C = 128-192 1.01-1.07x, C = 256-320 0.99-1.04x, C = 384-768
+# 0.92-0.96x at 1 thread and 0.96-1.00x at 2 (a block's GEMMs run on one thread, smaller).
+MAX_CHANNELS = 256              # fc1's input width C
+CHOICES = ("auto", "blocks", "layers")
+
+
+def _checked(name: str) -> str:
+    if name not in CHOICES:
+        raise UsageError(f"MLP schedule '{name}': valid: {', '.join(CHOICES)}")
+    return name
+
+
+_choice = Choice(_checked)
+_ran: Counter = Counter()   # schedule -> calls run so far (what fused mode reports)
+
+
+def using(name: str):
+    """Inside, the MLP sites take schedule `name` (benchmarks' A/B, tests)."""
+    return _choice.using(name)
+
+
+def takes(x: torch.Tensor, conv: bool, w1: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """Whether this call runs in row blocks: the choice, the operands (CPU float32 / float64
+    rows that are a view of x: a channels-last x for a 1x1 conv; one dtype; no autocast), the
+    size of fc1's output and its input width, and a built extension."""
+    if _choice.name == "layers":
+        return False
+    ts = [x, w1, *(p for p in params if p is not None)]
+    dense = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) if conv \
+        else x.is_contiguous()
+    ok = (dense and x.dtype in (torch.float32, torch.float64)
+          and all(t.device.type == "cpu" and t.dtype == x.dtype for t in ts)
+          and not torch.is_autocast_enabled("cpu")
+          and (_choice.name == "blocks" or (_hidden_bytes(x, conv, w1) >= MIN_HIDDEN_BYTES
+                                            and w1.shape[1] <= MAX_CHANNELS))
+          and cpu.available("cpu")[0])
+    return ok and cpu.build()[0]
+
+
+def binds(bias_gelu) -> bool:
+    """Whether a site whose bias + GELU is bound to `bias_gelu` (a binding.Pure or None) may
+    run in blocks: their GELU is the C++ act kernels' (cpu_math.h), so only where that impl is
+    the one bound for channels-last rows (CPU's default "cpu|function"; not under --fused-impl
+    bias_gelu=function)."""
+    return bias_gelu is not None and bias_gelu.impl.split("|")[0] == "cpu"
+
+
+def describe() -> str | None:
+    """The event line: which schedule the MLP calls ran (None: none ran yet)."""
+    if not _ran:
+        return None
+    return (f"mlp: {_ran['blocks']} of {sum(_ran.values())} MLP calls ran in {ROWS}-row blocks "
+            f"kept in L2 (fuse/mlp_blocks.py: where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB or more)")
+
+
+def note(schedule: str) -> None:
+    _ran[schedule] += 1
+
+
+# Rows of an MLP's activations: (..., C) for a Linear, a channels-last (N, C, H, W) for a 1x1
+# conv (its (N, H, W, C) view); `back` gives a rows tensor the activation's shape again.
+def _rows(t: torch.Tensor, conv: bool) -> torch.Tensor:
+    return (t.permute(0, 2, 3, 1) if conv else t).reshape(-1, t.shape[1 if conv else -1])
+
+
+def _hidden_bytes(x: torch.Tensor, conv: bool, w1: torch.Tensor) -> int:
+    """Bytes of fc1's output for input x."""
+    return _rows(x, conv).shape[0] * w1.shape[0] * x.element_size()
+
+
+def _back(t2: torch.Tensor, like: torch.Tensor, conv: bool, c: int) -> torch.Tensor:
+    """t2 (rows, c) as an activation shaped like `like` with c channels."""
+    if conv:
+        n, _, h, w = like.shape
+        return t2.view(n, h, w, c).permute(0, 3, 1, 2)
+    return t2.view(*like.shape[:-1], c)
+
+
+@functools.cache
+def kernel(conv: bool, approximate: str) -> MultiOpKernel:
+    """MultiOpKernel over groups ((w1, b1), (w2[, b2]), ([gamma])): x -> fc2(gelu(fc1(x))) [* gamma]
+    [+ res], in row blocks. Saves x and fc1's output before its bias, as the layer-by-layer
+    path saves fc1's output (x is saved there by fc1's own GEMM)."""
+    tanh = approximate == "tanh"
+
+    def weights(groups):
+        (w1, b1), (w2, *b2), g3 = groups
+        b2, gamma = (b2[0] if b2 else None), (g3[0].reshape(-1) if g3 else None)
+        return w1.flatten(1), b1, w2, b2, gamma
+
+    def fwd(x, groups, res=None):
+        w1, b1, w2, b2, gamma = weights(groups)
+        w2f, b2f = layer_scale.fold(w2.flatten(1), b2, gamma)
+        x2 = _rows(x, conv)
+        out, h0 = cpu.extension().mlp_forward(x2, w1, b1, w2f, b2f,
+                                          None if res is None else _rows(res, conv), tanh, ROWS)
+        note("blocks")
+        return _back(out, x, conv, out.shape[1]), (x2, h0)
+
+    def bwd(dy, saved, groups):
+        (x2, h0), (w1, b1, w2, b2, gamma) = saved, weights(groups)
+        w2f, b2f = layer_scale.fold(w2.flatten(1), b2, gamma)
+        dx, dw1, db1, dw2f, db2f = cpu.extension().mlp_backward(
+            _rows(dy, conv).contiguous(), x2, h0, b1, w1, w2f, tanh, ROWS, b2 is not None)
+        fc2_grads, gamma_grads = layer_scale.unfold_grads(
+            dw2f, db2f, w2.flatten(1), b2, gamma, groups[2][0].shape if gamma is not None else None)
+        return _back(dx, dy, conv, dx.shape[1]), (
+            (dw1.view_as(groups[0][0]), db1),
+            tuple(g.view_as(p) for g, p in zip(fc2_grads, groups[1])), gamma_grads)
+    return MultiOpKernel(f"mlp_blocks[{'conv1x1' if conv else 'linear'},{approximate}]", fwd, bwd)

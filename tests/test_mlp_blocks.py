@@ -1,0 +1,216 @@
+"""The MLP's row-block schedule (fuse/mlp_blocks.py, kernels/act/mlp_blocks.h): the kernel against
+torch in float64 at any row / block / thread split, the MLP sites of user-written models
+(the zoo's ConvMlp, the official ConvNeXt's Linear MLP with layer scale and residual,
+nanoGPT's MLP with exact and written-out tanh GELU) against eager with the blocks really run,
+the rule `auto` follows, and the event fused mode reports."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusebench.fuse import fuse, mlp_blocks
+from fusebench.kernels.act import cpu
+from fusebench.models import create_model
+from tests.helpers import assert_close_to_float64, assert_matches_eager, autograd_nodes
+
+sys.path.insert(0, str(Path(__file__).parent))
+from assets import convnext_official, nano_gpt  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cpu.available("cpu")[0] or not cpu.build()[0],
+                                reason=f"no MLP kernel here: {cpu.build()[1]}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tally(monkeypatch):
+    monkeypatch.setattr(mlp_blocks, "_ran", type(mlp_blocks._ran)())
+
+
+def _reference(x, w1, b1, w2, b2, res, approximate):
+    y = F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
+    return y if res is None else y + res
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), c=st.integers(1, 9), h=st.integers(1, 17), o=st.integers(1, 9),
+       block=st.integers(1, 8), has_b2=st.booleans(), has_res=st.booleans(),
+       tanh=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_the_kernel_is_torchs_mlp_in_float64(rows, c, h, o, block, has_b2, has_res, tanh,
+                                             threads):
+    g = torch.Generator().manual_seed(rows * 1000 + c * 100 + h)
+    x, w1, b1, w2 = (torch.randn(*s, dtype=torch.float64, generator=g, requires_grad=True)
+                     for s in ((rows, c), (h, c), (h,), (o, h)))
+    b2 = torch.randn(o, dtype=torch.float64, generator=g, requires_grad=True) if has_b2 else None
+    res = torch.randn(rows, o, dtype=torch.float64, generator=g) if has_res else None
+    dout = torch.randn(rows, o, dtype=torch.float64, generator=g)
+    approximate = "tanh" if tanh else "none"
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, h0 = cpu.extension().mlp_forward(x.detach(), w1.detach(), b1.detach(), w2.detach(),
+                                          None if b2 is None else b2.detach(), res, tanh, block)
+        got = cpu.extension().mlp_backward(dout, x.detach(), h0, b1.detach(), w1.detach(),
+                                       w2.detach(), tanh, block, has_b2)
+    finally:
+        torch.set_num_threads(before)
+    ref = _reference(x, w1, b1, w2, b2, res, approximate)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h0, F.linear(x, w1).detach(), rtol=1e-12, atol=1e-12)
+    wrt = [x, w1, b1, w2] + ([b2] if has_b2 else [])
+    exp = torch.autograd.grad(ref, wrt, dout)
+    for name, a, b in zip(("dx", "dw1", "db1", "dw2", "db2"), got, exp):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11, msg=name)
+    assert (got[4] is None) == (not has_b2)
+
+
+@pytest.mark.parametrize("bad, says", [
+    (lambda x, w1, w2: (x.t(), w1, w2), "x must be contiguous"),
+    (lambda x, w1, w2: (x, w1[:, :-1], w2), "w1 must be (H, C)"),
+    (lambda x, w1, w2: (x.half(), w1.half(), w2.half()), "float32 or float64 only"),
+])
+def test_the_kernel_refuses_operands_it_does_not_take(bad, says):
+    x, w1, w2 = torch.randn(6, 4), torch.randn(8, 4), torch.randn(4, 8)
+    x, w1, w2 = bad(x, w1, w2)
+    with pytest.raises(RuntimeError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        cpu.extension().mlp_forward(x, w1, torch.zeros(8, dtype=w1.dtype), w2, None, None, False, 4)
+
+
+def _image(size=64):
+    return torch.randn(2, 3, size, size, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(1)) \
+        .contiguous(memory_format=torch.channels_last)
+
+
+def _tokens():
+    return torch.randint(0, nano_gpt.VOCAB, (2, nano_gpt.CONTEXT),
+                         generator=torch.Generator().manual_seed(1))
+
+
+def _scaled(model):
+    """Layer scales at 1e-6 would hide the MLP's part of the output: move every parameter."""
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+# model -> (factory, input, MLP sites, the kernel names that must have run)
+MODELS = {
+    "zoo convnext_atto (ConvMlp, 1x1 convs)": (
+        lambda: create_model("convnext_atto"), _image, 12, {"mlp_blocks[conv1x1,none]"}),
+    "official ConvNeXt (Linear, layer scale, residual)": (
+        convnext_official.make, _image, 5, {"mlp_blocks[linear,none]"}),
+    "nanoGPT (Linear, residual)": (nano_gpt.make, _tokens, 2, {"mlp_blocks[linear,none]"}),
+    "nanoGPT, NewGELU written out (tanh)": (nano_gpt.make_new_gelu, _tokens, 2,
+                                            {"mlp_blocks[linear,tanh]"}),
+}
+
+
+def _kernels_run(y) -> set[str]:
+    return {n.kernel.name for n in autograd_nodes(y) if hasattr(n, "kernel")}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_user_models_mlps_in_blocks_match_eager_in_float64(name):
+    factory, inputs, sites, kernels = MODELS[name]
+    ref = _scaled(factory()).double().train()
+    model = copy.deepcopy(ref)
+    fuse(model, "train")
+    x = inputs()
+    with mlp_blocks.using("blocks"):
+        y = assert_matches_eager(model, ref, (x,), tol=1e-9)
+    assert kernels <= _kernels_run(y)
+    assert mlp_blocks._ran["blocks"] == sites and not mlp_blocks._ran["layers"]
+
+
+def test_blocks_in_float32_are_as_close_to_float64_as_the_layers():
+    ref = _scaled(convnext_official.make()).double().train()
+    errs = {}
+    for schedule in ("layers", "blocks"):
+        model = copy.deepcopy(ref).float()
+        fuse(model, "train")
+        x = _image()
+        with mlp_blocks.using(schedule):
+            y = assert_close_to_float64(model, copy.deepcopy(ref), (x.float(),), 1e-4, 1e-4,
+                                        1e-4, (x,))
+        errs[schedule] = (y.double() - ref(x)).abs().max().item()
+    assert mlp_blocks._ran["blocks"] == mlp_blocks._ran["layers"] == 5
+    assert errs["blocks"] < 4 * errs["layers"] + 1e-6
+
+
+class Mlp(nn.Module):
+    """A transformer's MLP with its residual, the shape the rule is measured on."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("rows, c, dtype, schedule, runs", [
+    (1024, 96, torch.float32, "auto", True),      # 1.5 MiB of fc1 output, narrow: blocks
+    (512, 96, torch.float32, "auto", False),      # 0.75 MiB: stays in L2 layer by layer
+    (1024, 384, torch.float32, "auto", False),    # wide GEMMs: the FMAs bound them
+    (1024, 96, torch.bfloat16, "blocks", False),  # the kernel is float32 / float64
+    (8, 4, torch.float32, "blocks", True),        # asked for: wherever the operands allow
+    (1024, 96, torch.float32, "layers", False),
+])
+def test_auto_runs_blocks_where_they_were_measured_to_pay(rows, c, dtype, schedule, runs):
+    model = Mlp(c).to(dtype)
+    fuse(model, "train")
+    with mlp_blocks.using(schedule):
+        model(torch.randn(rows // 8, 8, c, dtype=dtype)).sum().backward()
+    assert mlp_blocks._ran == ({"blocks": 1} if runs else {"layers": 1})
+
+
+def test_blocks_keep_out_of_autocast():
+    model = Mlp(96)
+    fuse(model, "train")
+    with torch.autocast("cpu", dtype=torch.bfloat16), mlp_blocks.using("blocks"):
+        model(torch.randn(128, 8, 96)).float().sum().backward()
+    assert mlp_blocks._ran == {"layers": 1}
+
+
+@pytest.mark.parametrize("fmt, runs", [(torch.channels_last, "blocks"),
+                                         (torch.contiguous_format, "layers")])
+def test_a_1x1_conv_mlp_runs_in_blocks_on_channels_last_input_only(fmt, runs):
+    from fusebench.models.layers import ConvMlp
+    model = nn.Sequential(ConvMlp(16, 64)).train()
+    fuse(model, "train")
+    with mlp_blocks.using("blocks"):           # NCHW x: its rows are no view of it
+        model(torch.randn(2, 16, 8, 8).contiguous(memory_format=fmt)).sum().backward()
+    assert mlp_blocks._ran == {runs: 1}
+
+
+def test_an_unknown_schedule_is_a_usage_error():
+    from fusebench.errors import UsageError
+    with pytest.raises(UsageError, match="MLP schedule 'tiles': valid: auto, blocks, layers"):
+        with mlp_blocks.using("tiles"):
+            pass
+
+
+def test_the_fused_mode_says_how_many_mlp_calls_ran_in_blocks():
+    import re
+
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    model = nn.Sequential(Mlp(96)).train()
+    mode, events = get_mode("fused"), EventLog()
+    x = torch.randn(128, 8, 96)
+    call = mode.prepare(model, (x,), {"bench": "train"}, events)
+    before = mlp_blocks._ran["blocks"]          # prepare's own calls (its layout trial) count
+    call(x).sum().backward()
+    mode.finish(events)
+    lines = [m for e in events.events()
+             if (m := re.match(r"mlp: (\d+) of (\d+) MLP calls ran in 512-row blocks", e.message))]
+    assert len(lines) == 1 and lines[0][1] == lines[0][2] == str(before + 1)
