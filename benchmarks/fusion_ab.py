@@ -8,12 +8,12 @@
 
 Models from one seed: fused with everything ("new"), fused without the fusions named in
 --without ("base"; with --aten-1x1, --gemm and/or --mlp alone base is the new model itself,
-run with aten's 1x1 convs, on another GEMM backend or another MLP schedule), and eager; train steps in rounds, each round
-in a rotated order so the VM's drift hits all three alike (kernel_ab.py's scheme, for the
-Python-level choices that one does not cover). Prints the medians, base/new and eager/new with
-the load average. Both fused sides take NCHW input as given (fused mode's channels-last
-inside, fuse/layout.py, is not applied) unless --keep-layout, which A/Bs exactly that: base keeps
-NCHW, new runs channels-last inside."""
+run with aten's 1x1 convs, on another GEMM backend or on another MLP schedule), and eager;
+train steps in rounds, each round in a rotated order so the VM's drift hits all three alike
+(kernel_ab.py's scheme, for the Python-level choices that one does not cover). Prints the
+medians, base/new and eager/new with the load average. Both fused sides take NCHW input as
+given (fused mode's channels-last inside, fuse/layout.py, is not applied) unless --keep-layout,
+which A/Bs exactly that: base keeps NCHW, new runs channels-last inside."""
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm", choices=[c for c in gemm.CHOICES if c != "auto"],
                     help="base side: the sites' GEMMs on this backend (fuse/gemm.py; new: auto)")
     ap.add_argument("--mlp", choices=[c for c in mlp_blocks.CHOICES if c != "auto"],
-                    help="base side: the MLP sites on this schedule (fuse/mlp_blocks.py; new: auto)")
+                    help="base side: the MLP sites on this schedule (fuse/mlp_blocks.py; "
+                         "new: auto)")
     ap.add_argument("--keep-layout", action="store_true",
                     help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
                 times[k].append(t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
-                      *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *([f"MLPs: {a.mlp}"] * bool(a.mlp)), *(["NCHW kept"] * a.keep_layout)])
+                      *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *([f"MLPs: {a.mlp}"] * bool(a.mlp)),
+                      *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
           + f" | base/new {med['base'] / med['new']:.3f}x, eager/new {med['eager'] / med['new']:.3f}x"

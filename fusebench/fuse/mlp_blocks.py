@@ -1,13 +1,15 @@
 """The MLP's row-block schedule: fc1 -> bias + GELU -> fc2 [* gamma] [+ residual] run block by
-block over the rows (kernels/act/mlp_blocks.h, in the act kernels' extension), instead of layer by layer, where it pays.
+block over the rows (kernels/act/mlp_blocks.h, in the act kernels' extension) instead of layer
+by layer, where that pays.
 
 Run layer by layer, each of the MLP's hidden tensors (rows x 4C) goes to memory and back
 between the GEMMs and the GELU; run per 512-row block, the block's hidden tensors stay in L2.
 The two schedules do the same arithmetic (aten's GEMMs, the act family's GELU), in another
-order of the rows only: in a train step the blocks were 1.02-1.04x faster (ConvNeXt-atto,
-channels-last, 1 and 2 threads; docs/fused.md, fortieth session), alone on hot data the same.
-That gain is the memory traffic a step has and a call timed alone does not, so the schedule is
-a rule on the hidden tensor's size (MIN_HIDDEN_BYTES), not a race.
+order of the rows only: over a train step the blocks were 1.02-1.06x faster (ConvNeXt-atto and
+the official ConvNeXt, channels-last, 1 and 2 threads; docs/fused.md, fortieth session); alone
+on hot data the two tie.
+That gain is the memory traffic a step has and a call timed alone on hot data does not, so the
+schedule is a rule on the MLP's shape (MIN_HIDDEN_BYTES, MAX_CHANNELS), not a race.
 
 `auto` (the default) runs the blocks on float32 / float64 CPU rows outside autocast where fc1's
 output is at least MIN_HIDDEN_BYTES and its input at most MAX_CHANNELS wide; `layers` keeps the
@@ -26,16 +28,19 @@ from fusebench.fuse.engine import MultiOpKernel
 from fusebench.fuse.race import Choice
 from fusebench.kernels.act import cpu
 
-ROWS = 512          # rows per block: 512 x 4C hidden tensors (four in backward) fit in L2
-# Blocks pay where fc1's output (rows x 4C) would not stay in L2 between the layers. ConvNeXt's
-# MLPs at b8, 160 px, fwd + bwd alone with the caches flushed between calls (layers / blocks,
-# 2 threads; 1 thread): 8 MB hidden tensors 1.10-1.12x; 1.18x, 4 MB 1.07-1.11x; 1.08x, 2 MB
-# 1.02-1.08x; 1.00x, 1 MB 0.87x (one short block a thread, and smaller GEMMs than the layers').
+ROWS = 512          # rows per block (128-2048 measured: 512 best or tied at every ConvNeXt MLP)
+# Blocks pay where fc1's output (rows x 4C) would not stay in L2 between the layers.
+# ConvNeXt-atto's MLPs at b8, 160 px, forward + backward alone with the caches flushed before
+# each call (benchmarks/mlp_blocks.py, two runs; layers / blocks at 2 threads, then 1): fc1's output
+# 8 MB 1.09-1.12x, 1.18-1.24x; 4 MB 1.03-1.11x, 1.07-1.08x; 2 MB 1.02-1.08x, 0.99-1.00x; 1 MB
+# 0.87-0.97x, 0.93x (one short block a thread, and smaller GEMMs than the layers').
 MIN_HIDDEN_BYTES = 3 << 19      # 1.5 MiB
-# ...and where the GEMMs are narrow enough to be bound by memory rather than by the FMAs: a
-# transformer-style Linear MLP (+ residual), fwd + bwd alone, caches flushed, layers / blocks:
-# C = 96 (25600 rows) 1.29-1.30x, C = 128-192 1.01-1.07x, C = 256-320 0.99-1.04x, C = 384-768
-# 0.92-0.96x at 1 thread and 0.96-1.00x at 2 (a block's GEMMs run on one thread, smaller).
+# ...and where the GEMMs are narrow enough to be bound by memory rather than by the FMAs. A
+# transformer-style Linear MLP with its residual, the same way, by C (2 threads, then 1): 96
+# 1.29-1.32x, 1.30-1.38x; 128 1.01-1.05x, 1.07-1.11x; 192 1.05-1.06x, 1.01-1.04x; 256
+# 1.00-1.03x, 1.04-1.05x; 320 1.00x, 0.99x; 384 0.99-1.00x, 0.92-0.96x; 768 0.96-0.97x,
+# 0.93-0.97x: a block's GEMMs run on one thread each, smaller, and at wide C that loses more
+# than the cache saves.
 MAX_CHANNELS = 256              # fc1's input width C
 CHOICES = ("auto", "blocks", "layers")
 
@@ -86,7 +91,8 @@ def describe() -> str | None:
     if not _ran:
         return None
     return (f"mlp: {_ran['blocks']} of {sum(_ran.values())} MLP calls ran in {ROWS}-row blocks "
-            f"kept in L2 (fuse/mlp_blocks.py: where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB or more)")
+            f"kept in L2 (fuse/mlp_blocks.py: where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB "
+            f"or more and its input at most {MAX_CHANNELS} wide)")
 
 
 def note(schedule: str) -> None:

@@ -8,7 +8,7 @@
 // Why: run layer by layer, the MLP's hidden tensors (rows x 4C: fc1's output, the GELU's, their
 // gradients) each make a round trip to memory between the GEMMs and the GELU, and at ConvNeXt's
 // early stages they are 2-8 MB apiece. In a train step, where those reads come from memory,
-// this schedule was 1.02-1.04x faster over the whole step; on hot data alone it gains nothing
+// this schedule was 1.02-1.06x faster over the whole step; on hot data alone it gains nothing
 // (docs/fused.md, thirty-fifth and fortieth sessions).
 //
 // The GEMMs are aten's (at::mm_out / addmm_out: MKL's sgemm in x86 wheels), called inside
@@ -123,7 +123,8 @@ inline std::vector<at::Tensor> backward(const at::Tensor& dout, const at::Tensor
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
   const at::Tensor w1c = w1.contiguous(), w2c = w2.contiguous(), b1c = b1.contiguous();
   at::Tensor dx = at::empty({N, C}, x.options());
-  at::Tensor dw1 = at::zeros({parts, H, C}, x.options()), dw2 = at::zeros({parts, O, H}, x.options());
+  at::Tensor dw1 = at::zeros({parts, H, C}, x.options());
+  at::Tensor dw2 = at::zeros({parts, O, H}, x.options());
   at::Tensor db1 = at::zeros({parts, H}, x.options()), db2 = at::zeros({parts, O}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "mlp_backward", [&] {
     auto act = tanh_approx ? gelu_rows_backward<scalar_t, true>
