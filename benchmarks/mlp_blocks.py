@@ -13,7 +13,6 @@ interval over the rounds' paired ratios (paired_rounds.ratio_ci), and the schedu
 there. The rule's thresholds (MIN_HIDDEN_BYTES, MAX_CHANNELS) are read off these rows."""
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ from fusebench.measure.memory import pin_malloc
 from fusebench.models.layers import ConvMlp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paired_rounds import ratio_ci  # noqa: E402
+from paired_rounds import ratio_ci, shape_args  # noqa: E402
 
 FLUSH_BYTES = 128 << 20
 # model -> (name, kind, leading dims of x, channels C): ConvNeXt-atto's four stages at b8,
@@ -83,26 +82,14 @@ def _rounds(model, x, dy, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)}")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--rounds", type=int, default=20)
-    a = ap.parse_args(argv)
-    models = a.shapes.split(",")
-    try:
-        thread_counts = [int(t) for t in a.threads.split(",")]
-    except ValueError:
-        thread_counts = []
-    if any(m not in SHAPES for m in models) or a.rounds < 3 or min(thread_counts, default=0) < 1:
-        ap.error(f"--shapes: of {list(SHAPES)}; --rounds >= 3; --threads: counts >= 1, "
-                 f"e.g. 1,2")
+    models, thread_counts, rounds = shape_args(__doc__, SHAPES, 20, argv)
     pin_malloc(None)            # glibc's thresholds as a model cell fixes them (measure/heap.py)
     for threads in thread_counts:
         torch.set_num_threads(threads)
         for name in models:
             for label, kind, lead, c in SHAPES[name]:
                 model, x, dy = _case(kind, lead, c)
-                t = _rounds(model, x, dy, a.rounds)
+                t = _rounds(model, x, dy, rounds)
                 auto = mlp_blocks.takes(x, kind == "conv", model[0].fc1.weight if kind == "conv"
                                         else model.fc1.weight)
                 print(f"T{threads} {name:14s} {label:11s} layers "

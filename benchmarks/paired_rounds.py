@@ -3,6 +3,7 @@ ratios' median and its 95% bootstrap interval (scipy.stats.bootstrap). Pairing b
 the VM's drift, which moves both sides of a round alike, cancel out of each ratio."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -81,3 +82,22 @@ def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str)
         print(f"  eager/{k} {ratio_ci(t['eager'], t[k])} over {rounds} rounds; saved for "
               f"backward {mib[k]:.1f} vs eager's {mib['eager']:.1f} MiB "
               f"({mib[k] / mib['eager']:.2f}x)", flush=True)
+
+
+def shape_args(doc: str, shapes: dict, rounds: int, argv=None) -> tuple[list[str], list[int], int]:
+    """(shape sets, thread counts, rounds) from `--shapes a,b --threads 1,2 --rounds N`, the
+    arguments of the per-shape benchmarks (patchify.py, mlp_blocks.py); a bad one exits 2."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--shapes", default=",".join(shapes), help=f"of {list(shapes)}")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    a = ap.parse_args(argv)
+    names = a.shapes.split(",")
+    try:
+        thread_counts = [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        thread_counts = []
+    if any(n not in shapes for n in names) or a.rounds < 3 or min(thread_counts, default=0) < 1:
+        ap.error(f"--shapes: of {list(shapes)}; --rounds >= 3; --threads: counts >= 1, "
+                 f"e.g. 1,2")
+    return names, thread_counts, a.rounds

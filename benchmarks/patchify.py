@@ -10,7 +10,6 @@ rounds' paired ratios (paired_rounds.ratio_ci). The `auto` race the fused
 mode runs is printed next to it: what it would pick here, now."""
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from fusebench.fuse import patchify
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paired_rounds import alternate, ratio_ci  # noqa: E402
+from paired_rounds import alternate, ratio_ci, shape_args  # noqa: E402
 
 # model -> (name, batch, C in, C out, H = W, kernel, input needs a gradient)
 SHAPES = {
@@ -44,19 +43,7 @@ def step(fn, x, w, b, dy):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)}")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--rounds", type=int, default=30)
-    a = ap.parse_args(argv)
-    models = a.shapes.split(",")
-    try:
-        thread_counts = [int(t) for t in a.threads.split(",")]
-    except ValueError:
-        thread_counts = []
-    if any(m not in SHAPES for m in models) or a.rounds < 3 or min(thread_counts, default=0) < 1:
-        ap.error(f"--shapes: of {list(SHAPES)}; --rounds >= 3; --threads: counts >= 1, "
-                 f"e.g. 1,2")
+    models, thread_counts, rounds = shape_args(__doc__, SHAPES, 30, argv)
     for threads in thread_counts:
         torch.set_num_threads(threads)
         for model in models:
@@ -69,7 +56,7 @@ def main(argv=None) -> int:
                 dy = torch.randn(n, cout, hw // k, hw // k).contiguous(
                     memory_format=torch.channels_last)
                 t = alternate({"conv": step(patchify.aten_conv, x, w, b, dy),
-                               "gemm": step(patchify.gemm_conv, x, w, b, dy)}, a.rounds)
+                               "gemm": step(patchify.gemm_conv, x, w, b, dy)}, rounds)
                 print(f"T{threads} {model:14s} {name:18s} conv "
                       f"{1e3 * statistics.median(t['conv']):6.2f} ms, GEMM "
                       f"{1e3 * statistics.median(t['gemm']):6.2f} ms, conv/GEMM "
