@@ -31,9 +31,10 @@ from fusebench.kernels.act import cpu
 ROWS = 512          # rows per block (128-2048 measured: 512 best or tied at every ConvNeXt MLP)
 # Blocks pay where fc1's output (rows x 4C) would not stay in L2 between the layers.
 # ConvNeXt-atto's MLPs at b8, 160 px, forward + backward alone with the caches flushed before
-# each call (benchmarks/mlp_blocks.py, two runs; layers / blocks at 2 threads, then 1): fc1's output
-# 8 MB 1.09-1.12x, 1.18-1.24x; 4 MB 1.03-1.11x, 1.07-1.08x; 2 MB 1.02-1.08x, 0.99-1.00x; 1 MB
-# 0.87-0.97x, 0.93x (one short block a thread, and smaller GEMMs than the layers').
+# each call (benchmarks/mlp_blocks.py, two runs; layers / blocks at 2 threads, then 1), by the
+# size of fc1's output: 8 MB 1.09-1.12x, 1.18-1.24x; 4 MB 1.03-1.11x, 1.07-1.08x; 2 MB
+# 1.02-1.08x, 0.99-1.00x; 1 MB 0.87-0.97x, 0.93x (one short block a thread, and smaller GEMMs
+# than the layers').
 MIN_HIDDEN_BYTES = 3 << 19      # 1.5 MiB
 # ...and where the GEMMs are narrow enough to be bound by memory rather than by the FMAs. A
 # transformer-style Linear MLP with its residual, the same way, by C (2 threads, then 1): 96
@@ -106,8 +107,8 @@ def _rows(t: torch.Tensor, conv: bool) -> torch.Tensor:
 
 
 def _hidden_bytes(x: torch.Tensor, conv: bool, w1: torch.Tensor) -> int:
-    """Bytes of fc1's output for input x."""
-    return _rows(x, conv).shape[0] * w1.shape[0] * x.element_size()
+    """Bytes of fc1's output for input x: rows x w1's output channels."""
+    return x.numel() // x.shape[1 if conv else -1] * w1.shape[0] * x.element_size()
 
 
 def _back(t2: torch.Tensor, like: torch.Tensor, conv: bool, c: int) -> torch.Tensor:
@@ -120,9 +121,9 @@ def _back(t2: torch.Tensor, like: torch.Tensor, conv: bool, c: int) -> torch.Ten
 
 @functools.cache
 def kernel(conv: bool, approximate: str) -> MultiOpKernel:
-    """MultiOpKernel over groups ((w1, b1), (w2[, b2]), ([gamma])): x -> fc2(gelu(fc1(x))) [* gamma]
-    [+ res], in row blocks. Saves x and fc1's output before its bias, as the layer-by-layer
-    path saves fc1's output (x is saved there by fc1's own GEMM)."""
+    """MultiOpKernel over groups ((w1, b1), (w2[, b2]), ([gamma])): x -> fc2(gelu(fc1(x)))
+    [* gamma] [+ res], in row blocks. Saves x and fc1's output before its bias, as the
+    layer-by-layer path saves fc1's output (and x, by fc1's own GEMM)."""
     tanh = approximate == "tanh"
 
     def weights(groups):
@@ -134,8 +135,8 @@ def kernel(conv: bool, approximate: str) -> MultiOpKernel:
         w1, b1, w2, b2, gamma = weights(groups)
         w2f, b2f = layer_scale.fold(w2.flatten(1), b2, gamma)
         x2 = _rows(x, conv)
-        out, h0 = cpu.extension().mlp_forward(x2, w1, b1, w2f, b2f,
-                                          None if res is None else _rows(res, conv), tanh, ROWS)
+        acc = None if res is None else _rows(res, conv)
+        out, h0 = cpu.extension().mlp_forward(x2, w1, b1, w2f, b2f, acc, tanh, ROWS)
         note("blocks")
         return _back(out, x, conv, out.shape[1]), (x2, h0)
 
@@ -145,7 +146,7 @@ def kernel(conv: bool, approximate: str) -> MultiOpKernel:
         dx, dw1, db1, dw2f, db2f = cpu.extension().mlp_backward(
             _rows(dy, conv).contiguous(), x2, h0, b1, w1, w2f, tanh, ROWS, b2 is not None)
         fc2_grads, gamma_grads = layer_scale.unfold_grads(
-            dw2f, db2f, w2.flatten(1), b2, gamma, groups[2][0].shape if gamma is not None else None)
+            dw2f, db2f, w2.flatten(1), b2, gamma, groups[2][0].shape if groups[2] else None)
         return _back(dx, dy, conv, dx.shape[1]), (
             (dw1.view_as(groups[0][0]), db1),
             tuple(g.view_as(p) for g, p in zip(fc2_grads, groups[1])), gamma_grads)

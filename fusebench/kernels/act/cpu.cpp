@@ -10,6 +10,8 @@
 // Math (accumulation types, libmvec, the activations): cpu_math.h, shared with bn_act.
 // Reductions (dbias, dgate) go through fixed per-task partials summed at the end: results do
 // not depend on the thread count.
+// Also here: the MLP's row blocks (mlp_blocks.h, fuse/mlp_blocks.py), which run these GELU rows
+// between aten's GEMMs; compiled into this extension so that torch's headers are parsed once.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -94,7 +96,6 @@ void gelu_plane(const T* __restrict x, A bc, T* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(Gelu<kTanh>::f(static_cast<A>(x[i]) + bc));
 }
 
-
 // dx = dy * gelu'(x + b); returns the plane's sum of dx (its dbias share). kY: also y =
 // gelu(x + b) (a consumer's recomputed input): f and f' of one z share their exp, which GCC
 // computes once (the same pure arithmetic), so the extra output costs one write, not a pass.
@@ -112,7 +113,6 @@ A gelu_grad_plane(const T* __restrict dy, const T* __restrict x, A bc, T* __rest
   }
   return s;
 }
-
 
 // One (n, c) plane of H*W values (NCHW) or one row of C values (channels-last) per inner call.
 template <typename T, typename A, bool kTanh>
@@ -521,6 +521,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("glu_packed_forward", &glu_packed_forward,
         "act(gate) * up for ab = [gate, up] along the last dim ([up, gate]: gate_second)",
         py::arg("ab"), py::arg("act"), py::arg("gate_second") = false);
+  m.def("glu_packed_backward", &glu_packed_backward,
+        "(d_ab,) from the saved ab, packed as ab; want_p: (d_ab, act(gate) * up)", py::arg("dp"),
+        py::arg("ab"), py::arg("act"), py::arg("gate_second") = false, py::arg("want_p") = false);
   m.def("mlp_forward", &fusebench::mlp_blocks::forward,
         "(out, h0): gelu(x w1^T + b1) w2^T [+ b2] [+ res], in row blocks (mlp_blocks.h)",
         py::arg("x"), py::arg("w1"), py::arg("b1"), py::arg("w2"), py::arg("b2"), py::arg("res"),
@@ -529,7 +532,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(dx, dw1, db1, dw2, db2) from the saved x and h0, in row blocks (mlp_blocks.h)",
         py::arg("dout"), py::arg("x"), py::arg("h0"), py::arg("b1"), py::arg("w1"),
         py::arg("w2"), py::arg("tanh_approx"), py::arg("rows"), py::arg("has_b2"));
-  m.def("glu_packed_backward", &glu_packed_backward,
-        "(d_ab,) from the saved ab, packed as ab; want_p: (d_ab, act(gate) * up)", py::arg("dp"),
-        py::arg("ab"), py::arg("act"), py::arg("gate_second") = false, py::arg("want_p") = false);
 }
