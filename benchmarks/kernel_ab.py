@@ -38,9 +38,18 @@ def _git_show(rev: str, path: str) -> bytes | None:
     return r.stdout if r.returncode == 0 else None
 
 
+def _family_headers(sha: str, family: str) -> dict[str, bytes]:
+    """The headers in a kernel family's own folder at commit sha (name -> contents)."""
+    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only",
+                            f"{sha}:{KERNELS}/{family}"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    return {h: _git_show(sha, f"{KERNELS}/{family}/{h}") for h in names if h.endswith(".h")}
+
+
 def base_extensions(rev: str, new: dict[str, object]) -> dict[str, object]:
     """family -> the extension built from `rev`'s sources, or the working tree's own where the
-    family's cpu.cpp and the shared headers are the same at `rev` (nothing to build). Sources go
+    family's cpu.cpp, its own headers and the shared ones are the same at `rev` (nothing to
+    build). Sources go
     to a directory per commit under the build cache, so a second run reuses the build."""
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", rev], capture_output=True,
                          text=True, check=True).stdout.strip()
@@ -58,11 +67,16 @@ def base_extensions(rev: str, new: dict[str, object]) -> dict[str, object]:
         src = _git_show(sha, f"{KERNELS}/{family}/cpu.cpp")
         if src is None:
             continue
-        if same_headers and src == (REPO / KERNELS / family / "cpu.cpp").read_bytes():
+        own = _family_headers(sha, family)      # act/'s gelu_rows.h, mlp_blocks.h
+        if same_headers and src == (REPO / KERNELS / family / "cpu.cpp").read_bytes() and all(
+                (REPO / KERNELS / family / h).exists()
+                and (REPO / KERNELS / family / h).read_bytes() == b for h, b in own.items()):
             out[family] = new[family]
             continue
         (root / family).mkdir(parents=True, exist_ok=True)
         (root / family / "cpu.cpp").write_bytes(src)
+        for h, b in own.items():
+            (root / family / h).write_bytes(b)
         mod = importlib.import_module(f"fusebench.kernels.{family}.cpu")
         out[family] = load_extension(f"{mod.EXT_NAME}_base", [root / family / "cpu.cpp"])
     return out

@@ -74,9 +74,11 @@ def _cpu_flags() -> str:
 
 def _fingerprint(sources: list[Path], cflags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    # the kernels' own sources plus the headers they share (`#include "../cpu_math.h"`: the
-    # family folder's parent; for a copy built elsewhere, benchmarks/kernel_ab.py, its own)
-    headers = sorted({h for s in sources for h in s.parent.parent.glob("*.h")})
+    # the kernels' own sources plus the headers they include: the family folder's own (act/'s
+    # mlp_blocks.h) and the ones the families share (`#include "../cpu_math.h"`: the folder's
+    # parent; for a copy built elsewhere, benchmarks/kernel_ab.py, its own)
+    headers = sorted({h for s in sources for d in (s.parent, s.parent.parent)
+                      for h in d.glob("*.h")})
     for s in [*sources, *headers]:
         h.update(s.read_bytes())
     for part in (*cflags, torch.__version__, sys.version, _cpu_flags()):
