@@ -90,8 +90,8 @@ def main(argv=None) -> int:
             for label, kind, lead, c in SHAPES[name]:
                 model, x, dy = _case(kind, lead, c)
                 t = _rounds(model, x, dy, rounds)
-                auto = mlp_blocks.takes(x, kind == "conv", model[0].fc1.weight if kind == "conv"
-                                        else model.fc1.weight)
+                fc1 = model[0].fc1 if kind == "conv" else model.fc1
+                auto = mlp_blocks.takes(x, kind == "conv", fc1.weight, fc1.bias)
                 print(f"T{threads} {name:14s} {label:11s} layers "
                       f"{1e3 * statistics.median(t['layers']):7.2f} ms, blocks "
                       f"{1e3 * statistics.median(t['blocks']):7.2f} ms, layers/blocks "

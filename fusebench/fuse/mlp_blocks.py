@@ -24,6 +24,7 @@ import torch
 
 from fusebench.errors import UsageError
 from fusebench.fuse import layer_scale
+from fusebench.fuse.conv1x1 import channels_last
 from fusebench.fuse.engine import MultiOpKernel
 from fusebench.fuse.race import Choice
 from fusebench.kernels.act import cpu
@@ -53,7 +54,10 @@ def _checked(name: str) -> str:
 
 
 _choice = Choice(_checked)
-_ran: Counter = Counter()   # schedule -> calls run so far (what fused mode reports)
+# call shape -> the schedule it last ran (what fused mode reports): per shape, as gemm's race
+# line, so that the count says how many of the model's MLPs run in blocks, not how many calls
+# prepare's layout trial, the correctness check and the steps made
+_ran: dict[tuple, str] = {}
 
 
 def using(name: str):
@@ -61,22 +65,26 @@ def using(name: str):
     return _choice.using(name)
 
 
-def takes(x: torch.Tensor, conv: bool, w1: torch.Tensor, *params: torch.Tensor | None) -> bool:
-    """Whether this call runs in row blocks: the choice, the operands (CPU float32 / float64
-    rows that are a view of x: a channels-last x for a 1x1 conv; one dtype; no autocast), the
-    size of fc1's output and its input width, and a built extension."""
-    if _choice.name == "layers":
-        return False
+def takes(x: torch.Tensor, conv: bool, w1: torch.Tensor, b1: torch.Tensor | None,
+          *params: torch.Tensor | None) -> bool:
+    """Whether this call runs in row blocks (and noted as the call shape's schedule): the
+    choice, the operands (CPU float32 / float64 rows that are a view of x: a channels-last x
+    for a 1x1 conv, conv1x1's own test; fc1's bias, which the blocks add; one dtype; no
+    autocast), the size of fc1's output and its input width, and a built extension."""
+    ok = _choice.name != "layers" and b1 is not None and _operands_fit(x, conv, w1, b1, *params)
+    _ran[(conv, tuple(x.shape), tuple(w1.shape[:2]), x.dtype)] = "blocks" if ok else "layers"
+    return ok
+
+
+def _operands_fit(x, conv, w1, *params) -> bool:
     ts = [x, w1, *(p for p in params if p is not None)]
-    dense = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) if conv \
-        else x.is_contiguous()
-    ok = (dense and x.dtype in (torch.float32, torch.float64)
-          and all(t.device.type == "cpu" and t.dtype == x.dtype for t in ts)
-          and not torch.is_autocast_enabled("cpu")
-          and (_choice.name == "blocks" or (_hidden_bytes(x, conv, w1) >= MIN_HIDDEN_BYTES
-                                            and w1.shape[1] <= MAX_CHANNELS))
-          and cpu.available("cpu")[0])
-    return ok and cpu.build()[0]
+    return ((channels_last(x) if conv else x.is_contiguous())
+            and x.dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == x.dtype for t in ts)
+            and not torch.is_autocast_enabled("cpu")
+            and (_choice.name == "blocks" or (_hidden_bytes(x, conv, w1) >= MIN_HIDDEN_BYTES
+                                              and w1.shape[1] <= MAX_CHANNELS))
+            and cpu.available("cpu")[0] and cpu.build()[0])
 
 
 def binds(bias_gelu) -> bool:
@@ -87,17 +95,18 @@ def binds(bias_gelu) -> bool:
     return bias_gelu is not None and bias_gelu.impl.split("|")[0] == "cpu"
 
 
+def tally() -> Counter:
+    """How many MLP call shapes ran each schedule so far."""
+    return Counter(_ran.values())
+
+
 def describe() -> str | None:
-    """The event line: which schedule the MLP calls ran (None: none ran yet)."""
+    """The event line: which schedule the MLP call shapes ran (None: none ran yet)."""
     if not _ran:
         return None
-    return (f"mlp: {_ran['blocks']} of {sum(_ran.values())} MLP calls ran in {ROWS}-row blocks "
+    return (f"mlp: {tally()['blocks']} of {len(_ran)} MLP call shapes ran in {ROWS}-row blocks "
             f"kept in L2 (fuse/mlp_blocks.py: where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB "
             f"or more and its input at most {MAX_CHANNELS} wide)")
-
-
-def note(schedule: str) -> None:
-    _ran[schedule] += 1
 
 
 # Rows of an MLP's activations: (..., C) for a Linear, a channels-last (N, C, H, W) for a 1x1
@@ -137,7 +146,6 @@ def kernel(conv: bool, approximate: str) -> MultiOpKernel:
         x2 = _rows(x, conv)
         acc = None if res is None else _rows(res, conv)
         out, h0 = cpu.extension().mlp_forward(x2, w1, b1, w2f, b2f, acc, tanh, ROWS)
-        note("blocks")
         return _back(out, x, conv, out.shape[1]), (x2, h0)
 
     def bwd(dy, saved, groups):

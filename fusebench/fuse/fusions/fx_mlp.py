@@ -247,15 +247,13 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
         back, acc = (_to_nchw, res.permute(0, 2, 3, 1) if res is not None and res.dim() == 4
                      else None) if nchw_out else (_same, res)
         fold = res is not None and acc is not None and foldable(acc, x, w2, fc)
-        if blocks is not None and b1 is not None and \
+        if blocks is not None and \
                 mlp_blocks.takes(x, fc == "conv2d", w1, b1, w2, b2, gamma, acc if fold else None):
             groups = ((w1, b1), (w2, b2), (gamma,))
             if res is None:
                 return run_ops(blocks, x, groups)
             return back(run_ops_residual(blocks, x, groups, acc)) if fold \
                 else back(run_ops(blocks, x, groups)) + res
-        if blocks is not None:
-            mlp_blocks.note("layers")
         # fc1 without its bias where the kernel adds it (it saves fc1's output and rebuilds
         # act(h0 + b1) in backward), with it where the act's output is kept; LN(x) recomputed
         # in backward with ln_eps

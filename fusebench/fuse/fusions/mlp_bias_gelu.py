@@ -27,7 +27,7 @@ def bias_gelu_fc2_kernel(act: Pure, approximate: str) -> MultiOpKernel:
         return conv1x1(act.fwd(h0, b1, approximate), w2, b2), (h0,)
 
     def bwd(dy, saved, groups):
-        (h0,), ((b1,), (w2, b2)) = saved, groups
+        (h0,), ((b1,), (w2, _)) = saved, groups   # fc2 has a bias: the rule asks
         dh, db1, dw2, db2 = mlp_backward(ba, FC["conv2d"].bwd, dy, h0, b1, w2, True)
         return dh, ((db1,), (dw2, db2))
     return MultiOpKernel(f"bias_gelu_fc2[{act.impl},{approximate}]", fwd, bwd)
@@ -48,8 +48,6 @@ class FusedConvMlp(FusedModule):
         w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
         if self.blocks is not None and mlp_blocks.takes(x, True, w1, b1, w2, b2):
             return run_ops(self.blocks, x, ((w1, b1), (w2, b2), ()))
-        if self.blocks is not None:
-            mlp_blocks.note("layers")
         h0 = conv1x1(x, w1)                                  # (N, 4C, H, W), bias in the fusion
         return run_ops(self.kernel, h0, ((b1,), (w2, b2)))
 
