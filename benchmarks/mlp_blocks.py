@@ -91,7 +91,9 @@ def main(argv=None) -> int:
                 model, x, dy = _case(kind, lead, c)
                 t = _rounds(model, x, dy, rounds)
                 fc1 = model[0].fc1 if kind == "conv" else model.fc1
-                auto = mlp_blocks.takes(x, kind == "conv", fc1.weight, fc1.bias)
+                fc2 = model[0].fc2 if kind == "conv" else model.fc2
+                auto = mlp_blocks.takes("cpu", x, kind == "conv", fc1.weight, fc1.bias,
+                                        fc2.weight)
                 print(f"T{threads} {name:14s} {label:11s} layers "
                       f"{1e3 * statistics.median(t['layers']):7.2f} ms, blocks "
                       f"{1e3 * statistics.median(t['blocks']):7.2f} ms, layers/blocks "

@@ -13,7 +13,10 @@
 #   4. scripts/gpu_sites.py: the transformer graph sites' device paths (the mlp site's
 #      native_dropout, the mha site's strided views into SDPA, the attention site's masks), each
 #      model fused against eager in float32 and under bf16 autocast (tiny sizes, ~1 minute).
-#   5. issue 16: `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16 (L2-flushed
+#   5. scripts/gpu_mlp.py: the MLP's Triton row blocks against the layers, fp32 and bf16, at
+#      the narrow widths the CPU blocks pay at: errors vs float64 and fwd+bwd times (`auto`
+#      keeps CUDA's MLPs layer by layer until these say otherwise).
+#   6. issue 16: `kernel ln2d --impl all` at 32x96x56x56 fwd+bwd in fp32 and bf16 (L2-flushed
 #      step time vs graph-replayed device time, launch_bound events), every other mode of b3
 #      (cudagraphs included), compile reduce-overhead and fused cudagraphs.
 # Then scripts/gpu_summary.py writes $OUT/summary.json and prints each target as met / missed
@@ -74,11 +77,11 @@ DEVICE=${DEVICE:-cuda}
 # on a machine without a GPU, before a lease is spent on it (tests/test_gpu_tools.py, slow)
 if [ "${SMALL:-0}" = 1 ]; then
     MODEL=(efficientnet_b0 -b 2 --img-size 64); STEPS=(--warmup 1 --steps 2)
-    KSHAPE=(--shape 2,8,8,8 --steps 2); LNSHAPE=2,8,8,8
+    KSHAPE=(--shape 2,8,8,8 --steps 2); LNSHAPE=2,8,8,8; MLP=(--small)
     [ "$DEVICE" = cpu ] && export TRITON_INTERPRET=1    # Triton impls on CPU tensors
 else
     MODEL=(efficientnet_b3); STEPS=(--warmup 5 --steps 20)
-    KSHAPE=(); LNSHAPE=32,96,56,56
+    KSHAPE=(); LNSHAPE=32,96,56,56; MLP=()
 fi
 
 nvidia-smi -L >"$OUT/nvidia-smi.txt" 2>&1; cat "$OUT/nvidia-smi.txt"
@@ -95,6 +98,7 @@ step run_effnet_fused_bn_act_triton 60 $FB run "${EFF[@]}" -m fused --fused-bn-a
     --repeat 1 --timeout 55 --out "$OUT/run"
 
 step sites 90 $PY scripts/gpu_sites.py --device "$DEVICE" --size tiny
+step mlp 60 $PY scripts/gpu_mlp.py --device "$DEVICE" "${MLP[@]}"
 
 LN2D=(--shape "$LNSHAPE" --direction fwdbwd --device "$DEVICE" "${STEPS[@]}" --timeout 60)
 for dt in float32 bfloat16; do

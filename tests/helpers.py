@@ -72,6 +72,25 @@ def assert_close_to_float64(model, ref, inputs, atol, rtol, grad_tol, ref_inputs
     return y
 
 
+def moved(model, scale: float = 0.05, seed: int = 2):
+    """model with every parameter moved by scale x N(0, 1) (seeded): layer scales at 1e-6 would
+    hide what they scale from a comparison."""
+    import torch
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model
+
+
+def channels_last_image(size: int = 64, batch: int = 2, seed: int = 1):
+    """A float64 RGB batch, channels-last (cast it for a float32 model)."""
+    import torch
+    return torch.randn(batch, 3, size, size, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(seed)) \
+        .contiguous(memory_format=torch.channels_last)
+
+
 def random_running_stats(model, freeze: bool = False):
     """Every BatchNorm2d's running statistics set to values far from init (mean in
     [-0.5, 0.5], var in [0.5, 1.5]); freeze: those BNs in eval mode (frozen statistics inside

@@ -115,6 +115,7 @@ def test_gpu_check_smoke_on_cpu(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "== kernel_ln2d_float32: rc=0" in r.stdout
     assert "== sites: rc=0" in r.stdout and "16 of 16 models ok" in r.stdout
+    assert "== mlp: rc=0" in r.stdout and "4 of 4 shapes ok" in r.stdout
     assert "== run_effnet_fused: skipped (SKIP)" in r.stdout
     logs = list(tmp_path.glob("*.log"))
     assert logs and not [p.name for p in logs if "Traceback" in p.read_text()]
@@ -122,3 +123,24 @@ def test_gpu_check_smoke_on_cpu(tmp_path):
     assert {t["name"] for t in s["targets"]} >= {"triton_kernel_cells_not_ok",
                                                  "effnet_b3_fused_over_eager"}
     assert any(r["impl"] == "triton" and r["status"] == "ok" for r in s["kernels"])
+
+
+def test_gpu_mlp_checks_the_triton_blocks_and_says_when_they_are_off(monkeypatch, capsys):
+    """scripts/gpu_mlp.py's smoke on CPU (interpreted): every shape ok; then with the blocks'
+    forward 1% off, each shape says MISMATCH and the exit code is 1."""
+    import dataclasses
+
+    from fusebench.fuse import mlp_blocks
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu_mlp = load_script("gpu_mlp")
+    assert gpu_mlp.main(["--device", "cpu", "--small"]) == 0
+    assert "4 of 4 shapes ok" in capsys.readouterr().out
+    impl = mlp_blocks.IMPLS["triton"]
+
+    def off(*args):
+        out, h0 = impl.forward(*args)
+        return out * 1.01, h0
+    monkeypatch.setitem(mlp_blocks.IMPLS, "triton", dataclasses.replace(impl, forward=off))
+    assert gpu_mlp.main(["--device", "cpu", "--small"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("MISMATCH") == 4 and "0 of 4 shapes ok" in out

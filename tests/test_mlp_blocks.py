@@ -21,7 +21,7 @@ from fusebench.fuse import fuse, mlp_blocks
 from fusebench.kernels.act import cpu
 from fusebench.models import create_model
 from tests.helpers import (assert_close_to_float64, assert_matches_eager, autograd_nodes,
-                           load_benchmark)
+                           channels_last_image, load_benchmark, moved)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from assets import convnext_official, nano_gpt  # noqa: E402
@@ -84,35 +84,17 @@ def test_the_kernel_refuses_operands_it_does_not_take(bad, says):
         cpu.extension().mlp_forward(x, w1, torch.zeros(8, dtype=w1.dtype), w2, None, None, False, 4)
 
 
-def _image(size=64):
-    return torch.randn(2, 3, size, size, dtype=torch.float64,
-                       generator=torch.Generator().manual_seed(1)) \
-        .contiguous(memory_format=torch.channels_last)
-
-
-def _tokens():
-    return torch.randint(0, nano_gpt.VOCAB, (2, nano_gpt.CONTEXT),
-                         generator=torch.Generator().manual_seed(1))
-
-
-def _scaled(model):
-    """Layer scales at 1e-6 would hide the MLP's part of the output: move every parameter."""
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 # model -> (factory, input, MLP sites, the kernel names that must have run)
 MODELS = {
     "zoo convnext_atto (ConvMlp, 1x1 convs)": (
-        lambda: create_model("convnext_atto"), _image, 12, {"mlp_blocks[conv1x1,none]"}),
+        lambda: create_model("convnext_atto"), channels_last_image, 12,
+        {"mlp_blocks[cpu,conv1x1,none]"}),
     "official ConvNeXt (Linear, layer scale, residual)": (
-        convnext_official.make, _image, 5, {"mlp_blocks[linear,none]"}),
-    "nanoGPT (Linear, residual)": (nano_gpt.make, _tokens, 2, {"mlp_blocks[linear,none]"}),
-    "nanoGPT, NewGELU written out (tanh)": (nano_gpt.make_new_gelu, _tokens, 2,
-                                            {"mlp_blocks[linear,tanh]"}),
+        convnext_official.make, channels_last_image, 5, {"mlp_blocks[cpu,linear,none]"}),
+    "nanoGPT (Linear, residual)": (nano_gpt.make, nano_gpt.tokens, 2,
+                                   {"mlp_blocks[cpu,linear,none]"}),
+    "nanoGPT, NewGELU written out (tanh)": (nano_gpt.make_new_gelu, nano_gpt.tokens, 2,
+                                            {"mlp_blocks[cpu,linear,tanh]"}),
 }
 
 
@@ -128,7 +110,7 @@ def _blocks_run(y) -> int:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_user_models_mlps_in_blocks_match_eager_in_float64(name):
     factory, inputs, sites, kernels = MODELS[name]
-    ref = _scaled(factory()).double().train()
+    ref = moved(factory()).double().train()
     model = copy.deepcopy(ref)
     fuse(model, "train")
     x = inputs()
@@ -139,12 +121,12 @@ def test_user_models_mlps_in_blocks_match_eager_in_float64(name):
 
 
 def test_blocks_in_float32_are_as_close_to_float64_as_the_layers():
-    ref = _scaled(convnext_official.make()).double().train()
+    ref = moved(convnext_official.make()).double().train()
     errs, ran = {}, {}
     for schedule in ("layers", "blocks"):
         model = copy.deepcopy(ref).float()
         fuse(model, "train")
-        x = _image()
+        x = channels_last_image()
         with mlp_blocks.using(schedule):
             y = assert_close_to_float64(model, copy.deepcopy(ref), (x.float(),), 1e-4, 1e-4,
                                         1e-4, (x,))
@@ -216,3 +198,21 @@ def test_the_fused_mode_says_how_many_mlp_call_shapes_ran_in_blocks():
              if (m := re.match(r"mlp: (\d+) of (\d+) MLP call shapes ran in 512-row blocks",
                                e.message))]
     assert [m.groups() for m in lines] == [("1", "2")]
+
+
+@pytest.mark.parametrize("value, runs", [("layers", "0 of 1"), ("blocks", "1 of 1")])
+def test_the_fused_mlp_option_picks_the_schedule(value, runs):
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    model = nn.Sequential(Mlp(8)).train()
+    mode, events = get_mode("fused"), EventLog()
+    x = torch.randn(4, 8, 8)                    # far below auto's threshold: blocks only asked
+    try:
+        call = mode.prepare(model, (x,), {"bench": "train", "fused_mlp": value}, events)
+        call(x).sum().backward()
+        mode.finish(events)
+    finally:
+        mlp_blocks.set_default("auto")          # the worker's process-wide choice
+    assert [e.message for e in events.events() if " MLP call shapes " in e.message] == [
+        f"mlp: {runs} MLP call shapes ran in 512-row blocks kept in L2 (fuse/mlp_blocks.py, "
+        f"--fused-mlp {value})"]

@@ -53,6 +53,12 @@ class Fused(Mode):
                         "aten's sequence on CUDA until the Triton kernel is timed there), aten, "
                         "cpu, triton; one that cannot run here runs aten's sequence with a "
                         "kernel_fallback event."),
+        ModeOption("fused_mlp", str, choices=("auto", "blocks", "layers"), default="auto",
+                   help="fused: how a GELU MLP runs, fc1 -> bias + GELU -> fc2 per block of "
+                        "rows with the hidden activation kept in cache (blocks; C++ on CPU, "
+                        "Triton on CUDA) or one layer after the other (layers); auto runs blocks "
+                        "on CPU where fc1's output outgrows L2, layers on CUDA until the Triton "
+                        "blocks are timed there."),
         ModeOption("fused_ln_linear", bool, default=False,
                    help="fused: LayerNorm -> Linear in one Function that recomputes LN(x) in "
                         "backward (one activation less per site, one LayerNorm pass more; off by "
@@ -86,8 +92,9 @@ class Fused(Mode):
             events.add("unfused", "fuser", f"left unfused: {listed}",
                        count=sum(result.unfused.values()))
         self._saving = self._recompute_choice(result.sites, bench, options, events)
-        from fusebench.fuse import gemm
+        from fusebench.fuse import gemm, mlp_blocks
         gemm.set_default(self.opts(options)["fused_gemm"])   # this process runs this cell
+        mlp_blocks.set_default(self.opts(options)["fused_mlp"])
         events.add("info", "fuser", gemm.describe())         # (and the layout trial below)
         layout = decide(self.opts(options)["fused_layout"], result.sites, result.model,
                         example_inputs, device, self._wrapped(result.model), bench == "train",
@@ -100,7 +107,7 @@ class Fused(Mode):
 
     def finish(self, events):
         from fusebench.fuse import gemm, mlp_blocks, patchify
-        for raced in (gemm.describe_raced(), patchify.describe_raced(), mlp_blocks.describe()):
+        for raced in (gemm.describe_raced(), patchify.describe_raced(), *mlp_blocks.describe()):
             if raced:                          # auto's choices are made as calls first run
                 events.add("info", "fuser", raced)
 

@@ -110,3 +110,8 @@ def make(size: str | None = None, **kw):
 
 def make_new_gelu(**kw):
     return make(new_gelu=True, **kw)
+
+
+def tokens(batch: int = 2, seed: int = 1):
+    """A seeded batch of token ids at the full context."""
+    return torch.randint(0, VOCAB, (batch, CONTEXT), generator=torch.Generator().manual_seed(seed))

@@ -230,11 +230,12 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
     (N, C, H, W) before the add (`res + y.permute(0, 3, 1, 2)`), so fc2's GEMM accumulates
     into res's (N, H, W, C) view: rows of a channels-last res."""
     kernel, fc_fwd = mlp_kernel(ba, fc, p), FC[fc].fwd
-    # the row-block schedule (fuse/mlp_blocks.py) takes fc1 too: a GELU with fc1's bias on the
-    # C++ act kernel, no LayerNorm before fc1, no live dropout, a weight stored (out, in)
-    blocks = mlp_blocks.kernel(fc == "conv2d", ba.approx) \
-        if mlp_blocks.binds(ba.bias_gelu) and ln_eps is None and not p and fc != "conv1d" \
-        else None
+    # the row-block schedule (fuse/mlp_blocks.py) takes fc1 too: a GELU with fc1's bias on an
+    # act kernel (C++ or Triton), no LayerNorm before fc1, no live dropout, a weight stored
+    # (out, in)
+    impl = mlp_blocks.binds(ba.bias_gelu)
+    blocks = mlp_blocks.kernel(impl, fc == "conv2d", ba.approx) \
+        if impl and ln_eps is None and not p and fc != "conv1d" else None
 
     def run(x, *args):
         if ln_eps is not None:
@@ -248,7 +249,8 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
                      else None) if nchw_out else (_same, res)
         fold = res is not None and acc is not None and foldable(acc, x, w2, fc)
         if blocks is not None and \
-                mlp_blocks.takes(x, fc == "conv2d", w1, b1, w2, b2, gamma, acc if fold else None):
+                mlp_blocks.takes(impl, x, fc == "conv2d", w1, b1, w2, b2, gamma,
+                                 acc if fold else None):
             groups = ((w1, b1), (w2, b2), (gamma,))
             if res is None:
                 return run_ops(blocks, x, groups)

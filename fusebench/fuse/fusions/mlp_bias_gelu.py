@@ -41,12 +41,13 @@ class FusedConvMlp(FusedModule):
         super().__init__()
         self.fc1, self.fc2 = src.fc1, src.fc2
         self.kernel = bias_gelu_fc2_kernel(act, src.act.approximate)
-        self.blocks = mlp_blocks.kernel(True, src.act.approximate) if mlp_blocks.binds(act) \
+        self.impl = mlp_blocks.binds(act)
+        self.blocks = mlp_blocks.kernel(self.impl, True, src.act.approximate) if self.impl \
             else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # (N, C, H, W)
         w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
-        if self.blocks is not None and mlp_blocks.takes(x, True, w1, b1, w2, b2):
+        if self.blocks is not None and mlp_blocks.takes(self.impl, x, True, w1, b1, w2, b2):
             return run_ops(self.blocks, x, ((w1, b1), (w2, b2), ()))
         h0 = conv1x1(x, w1)                                  # (N, 4C, H, W), bias in the fusion
         return run_ops(self.kernel, h0, ((b1,), (w2, b2)))

@@ -195,3 +195,45 @@ def glu_packed_bwd_kernel(DP, AB, DAB, P, n, H, GATE, UP, ACT: tl.constexpr,
     tl.store(DAB + src + UP, (g * s).to(DAB.dtype.element_ty), mask=m)
     if WANT_P:
         tl.store(P + offs, (s * b).to(P.dtype.element_ty), mask=m)
+
+
+# The MLP in row blocks (fuse/mlp_blocks.py's GPU side): one program = BLOCK_M rows, looping
+# over the hidden units BLOCK_H at a time: fc1's tile (a K loop over C), its bias + GELU, and
+# the tile's share of fc2 accumulated in registers, so the hidden activation never goes through
+# memory between the layers. Only h0 (fc1's output before its bias, the tensor backward
+# rebuilds the GELU from) is written. w1 is (HID, C), w2 (O, HID), rows row-major.
+@triton.jit
+def mlp_fwd_kernel(X, W1, B1, W2, B2, R, OUT, H0, M, C, HID, O,
+                   HAS_B2: tl.constexpr, HAS_R: tl.constexpr, TANH: tl.constexpr,
+                   PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr):
+    rm = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ro = tl.arange(0, BLOCK_O)
+    mm, om = rm < M, ro < O
+    acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
+    for h in range(0, HID, BLOCK_H):
+        rh = h + tl.arange(0, BLOCK_H)
+        hm = rh < HID
+        h0 = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+        for k in range(0, C, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            km = rk < C
+            xt = tl.load(X + rm[:, None] * C + rk[None, :], mask=mm[:, None] & km[None, :],
+                         other=0.0)
+            w1t = tl.load(W1 + rh[None, :] * C + rk[:, None], mask=km[:, None] & hm[None, :],
+                          other=0.0)
+            h0 = tl.dot(xt, w1t, h0, input_precision=PRECISION)
+        # the GELU from h0 as stored (rounded to the dtype), as backward rebuilds it
+        h0 = h0.to(H0.dtype.element_ty)
+        tl.store(H0 + rm[:, None] * HID + rh[None, :], h0, mask=mm[:, None] & hm[None, :])
+        b1 = tl.load(B1 + rh, mask=hm, other=0.0).to(tl.float32)
+        g = _gelu(h0.to(tl.float32) + b1[None, :], TANH)       # padded units: gelu(0) = 0
+        w2t = tl.load(W2 + ro[None, :] * HID + rh[:, None], mask=hm[:, None] & om[None, :],
+                      other=0.0)
+        acc = tl.dot(g.to(W2.dtype.element_ty), w2t, acc, input_precision=PRECISION)
+    if HAS_B2:
+        acc += tl.load(B2 + ro, mask=om, other=0.0).to(tl.float32)[None, :]
+    offs = rm[:, None] * O + ro[None, :]
+    if HAS_R:
+        acc += tl.load(R + offs, mask=mm[:, None] & om[None, :], other=0.0).to(tl.float32)
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mm[:, None] & om[None, :])

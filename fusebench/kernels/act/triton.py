@@ -243,3 +243,64 @@ def glu_packed_triton_bwd(dp, ab, act: str = "silu", gate_second: bool = False,
             dp, ab, dab, p, dp.numel(), H, gate, up, ACT=GLU_CODES[act], WANT_P=want_p,
             BLOCK=BLOCK)
     return (dab, p) if want_p else (dab,)
+
+
+# ------------------------------------------------------------------------------- MLP in row blocks
+MLP_MAX_O = 256     # fc2's output row of a block's accumulator stays in registers
+MLP_MAX_HIDDEN = MAX_C
+MLP_BLOCKS = dict(BLOCK_M=32, BLOCK_K=32, BLOCK_H=64)
+
+
+def _mlp_precision(dtype: torch.dtype) -> str:
+    """tl.dot's precision for float32 operands as torch's own matmuls would run them (TF32 only
+    where torch allows it); 16-bit operands multiply in their own type either way."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _mlp_check(x, w1, w2) -> None:
+    if x.dim() != 2 or not x.is_contiguous():
+        raise ValueError("mlp triton: x must be contiguous (rows, C)")
+    if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != x.shape[1] or w2.shape[1] != w1.shape[0]:
+        raise ValueError("mlp triton: w1 must be (H, C) and w2 (O, H)")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"mlp triton: float32, float16 or bfloat16 only, got {x.dtype}")
+    if w2.shape[0] > MLP_MAX_O:
+        raise ValueError(f"mlp triton: fc2's output is at most {MLP_MAX_O} wide, got "
+                         f"{w2.shape[0]}")
+    if w1.shape[0] > MLP_MAX_HIDDEN:    # backward's GELU pass holds a row of hidden units
+        raise ValueError(f"mlp triton: at most {MLP_MAX_HIDDEN} hidden units, got "
+                         f"{w1.shape[0]}")
+
+
+def mlp_triton_forward(x, w1, b1, w2, b2, res, tanh: bool):
+    """(out, h0): out = gelu(x w1^T + b1) w2^T [+ b2] [+ res] on rows x (M, C), one program per
+    BLOCK_M rows; h0 = x w1^T, saved for backward (kernels/act/mlp_blocks.h's contract)."""
+    _mlp_check(x, w1, w2)
+    M, C, HID, O = x.shape[0], x.shape[1], w1.shape[0], w2.shape[0]
+    out, h0 = x.new_empty((M, O)), x.new_empty((M, HID))
+    if res is not None and tuple(res.shape) != (M, O):
+        raise ValueError("mlp triton: res must be (rows, O)")
+    if M:
+        # a wide fc2 tile (BLOCK_H x BLOCK_O of w2, BLOCK_M x BLOCK_O of acc) over more threads
+        blocks, bo = MLP_BLOCKS, max(16, triton_next_pow2(O))
+        _kernels().mlp_fwd_kernel[(triton_cdiv(M, blocks["BLOCK_M"]),)](
+            x, w1.contiguous(), b1.contiguous(), w2.contiguous(), out if b2 is None else b2,
+            out if res is None else res.contiguous(), out, h0, M, C, HID, O,
+            HAS_B2=b2 is not None, HAS_R=res is not None, TANH=tanh,
+            PRECISION=_mlp_precision(x.dtype), BLOCK_O=bo, num_warps=4 if bo <= 64 else 8,
+            **blocks)
+    return out, h0
+
+
+def mlp_triton_backward(dy, x, h0, b1, w1, w2, tanh: bool, has_b2: bool):
+    """(dx, dw1, db1, dw2, db2 or None): the GEMMs on the device's library, the GELU's backward
+    (which rebuilds the GELU's output for fc2's weight gradient) in one pass by the bias_gelu
+    kernel over h0's rows, seen as a channels-last (1, HID, M, 1) image."""
+    def image(t):
+        return t.view(1, t.shape[0], 1, t.shape[1]).permute(0, 3, 1, 2)
+
+    dg = dy.mm(w2)
+    dh, db1, g = bias_gelu_triton_bwd(image(dg), image(h0), b1, tanh, want_y=True)
+    dh, g = (t.permute(0, 2, 3, 1).reshape(h0.shape) for t in (dh, g))
+    return (dh.mm(w1), dh.t().mm(x), db1, dy.t().mm(g),
+            dy.sum(0) if has_b2 else None)
