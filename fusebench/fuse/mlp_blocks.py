@@ -100,11 +100,17 @@ def _cpu_ready(device: str) -> tuple[bool, str]:
     return cpu.build() if ok else (ok, why)
 
 
+def _cpu_forward(x, w1, b1, w2, b2, res, tanh):
+    return cpu.extension().mlp_forward(x, w1, b1, w2, b2, res, tanh, ROWS)
+
+
+def _cpu_backward(dy, x, h0, b1, w1, w2, tanh, has_b2):
+    return cpu.extension().mlp_backward(dy, x, h0, b1, w1, w2, tanh, ROWS, has_b2)
+
+
 IMPLS = {
     "cpu": BlocksImpl(
-        "cpu", (torch.float32, torch.float64), _cpu_ready,
-        lambda *a: cpu.extension().mlp_forward(*a, ROWS),
-        lambda *a: cpu.extension().mlp_backward(*a[:-1], ROWS, a[-1]),
+        "cpu", (torch.float32, torch.float64), _cpu_ready, _cpu_forward, _cpu_backward,
         f"{ROWS}-row blocks kept in L2",
         f"where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB or more and its input at most "
         f"{MAX_CHANNELS} wide", auto=True),
@@ -118,6 +124,8 @@ IMPLS = {
         "the layers, the Triton blocks not yet timed on a GPU", auto=False,
         max_out=act_triton.MLP_MAX_O, max_hidden=act_triton.MLP_MAX_HIDDEN),
 }
+
+
 def takes(impl: str, x: torch.Tensor, conv: bool, w1: torch.Tensor, b1: torch.Tensor | None,
           w2: torch.Tensor, *params: torch.Tensor | None) -> bool:
     """Whether this call runs in impl's row blocks (and noted as the call shape's schedule): the

@@ -277,9 +277,9 @@ def mlp_triton_forward(x, w1, b1, w2, b2, res, tanh: bool):
     BLOCK_M rows; h0 = x w1^T, saved for backward (kernels/act/mlp_blocks.h's contract)."""
     _mlp_check(x, w1, w2)
     M, C, HID, O = x.shape[0], x.shape[1], w1.shape[0], w2.shape[0]
-    out, h0 = x.new_empty((M, O)), x.new_empty((M, HID))
     if res is not None and tuple(res.shape) != (M, O):
         raise ValueError("mlp triton: res must be (rows, O)")
+    out, h0 = x.new_empty((M, O)), x.new_empty((M, HID))
     if M:
         # a wide fc2 tile (BLOCK_H x BLOCK_O of w2, BLOCK_M x BLOCK_O of acc) over more threads
         blocks, bo = MLP_BLOCKS, max(16, triton_next_pow2(O))
