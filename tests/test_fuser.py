@@ -29,7 +29,7 @@ def smallest_per_family() -> list[str]:
 SMALL = {"convnext": "convnext_atto", "efficientnet": "efficientnet_b0"}
 FAMILY_MODELS = sorted({SMALL.get(get_model_info(m).family, m) for m in smallest_per_family()})
 IMAGE_PX = {"efficientnet": 64}
-EXPECTED = {"convnext_atto": {"ln2d", "mlp_bias_gelu", "dwconv"},
+EXPECTED = {"convnext_atto": {"ln2d", "mlp", "dwconv"},
             "efficientnet_b0": {"bn_silu", "bn_train", "se_gate", "dwconv"}}
 
 
@@ -135,7 +135,7 @@ def test_bound_act_kernels_really_run(monkeypatch):
     # se_project, its (N, R) SiLU the silu pair), the later ones run the se_gate kernel
     for name, expect in (("efficientnet_b0", {bn_silu, bn_train, "se_gate[cpu,function]",
                                               "se_project[function]"}),
-                         ("convnext_atto", {"bias_gelu_fc2[cpu|function,none]"})):
+                         ("convnext_atto", {"mlp[conv2d,gelu[none]]"})):
         calls.clear()
         model = create_model(name, num_classes=10).train()
         res = fuse(model, "train")
@@ -162,7 +162,7 @@ def test_bound_act_kernels_really_run(monkeypatch):
         else:        # C++ on the channels-last output of the cpu LN2d, plain torch on NCHW
             # one forward per site: backward's recompute of the GELU output rides in the
             # backward's own call (bwd_y), not a second forward
-            n = res.sites["mlp_bias_gelu"]
+            n = res.sites["mlp"]
             fwd = calls.get("bias_gelu_fwd", 0) + calls.get("bias_gelu_forward", 0)
             bwd = calls.get("bias_gelu_bwd", 0) + calls.get("bias_gelu_backward", 0)
             assert fwd == n and bwd == n, calls
@@ -192,7 +192,7 @@ def test_mode_records_coverage_events():
     for e in events.events():
         by_kind.setdefault(e.category, []).append(e)
     fusion = {e.message for e in by_kind["fusion"]}
-    assert {"ln2d: 17 sites", "mlp_bias_gelu: 12 sites", "dwconv: 12 sites",
+    assert {"ln2d: 17 sites", "mlp: 12 sites", "dwconv: 12 sites",
             "patchify: 4 sites"} <= fusion, fusion      # patchify: the stem + 3 downsamples
     assert all(e.source == "fuser" for e in by_kind["fusion"])
     unfused, = by_kind["unfused"]       # the head's pool and Linear

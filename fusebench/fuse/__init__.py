@@ -33,13 +33,13 @@ from fusebench.fuse.fusions import (bn_silu, bn_train, conv_bn_fold,  # noqa: F4
                                     fx_bn_train, fx_conv1x1, fx_fold, fx_glu, fx_gn_act, fx_ln2d,
                                     fx_ln_linear, fx_mha, fx_mlp, fx_patchify, fx_rms_norm,
                                     fx_se,
-                                    ln2d, mlp_bias_gelu, se_gate, se_project, silu_me)
+                                    ln2d, se_gate, se_project, silu_me)
 from fusebench.fuse.fx import PATTERNS
 from fusebench.fuse.rule import FUSIONS, FusedModule, Fusion, register_fusion
 from fusebench.fuse.walk import FuseResult, GraphPass, fuse_in_order, unfused_leaves
 
 ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate", "bn_silu",
-                          "bn_train", "se_project", "mlp_bias_gelu", "ln2d", "silu_me")
+                          "bn_train", "se_project", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "rms_norm", "gn_act", "se_project",
                                 "se_gate", "bn_add_act", "bn_act", "glu_mlp", "mlp", "mha",

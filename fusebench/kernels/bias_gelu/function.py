@@ -62,7 +62,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") ->
 class BiasGELU(nn.Module):
     """gelu(x + bias) with the bias *shared*, not copied: pass the conv's bias Parameter.
 
-    Expected use (the fuser, on ConvMlp):
+    Use on a ConvMlp-style block (fc1 -> GELU -> fc2):
         bg = BiasGELU(mlp.fc1.bias, approximate=mlp.act.approximate)
         mlp.fc1.bias = None          # fc1 now computes x only; the Parameter lives on in bg
         mlp.act = bg
