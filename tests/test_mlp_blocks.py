@@ -2,8 +2,8 @@
 torch in float64 at any row / block / thread split, the MLP sites of the zoo's ConvMlp and of
 models written as other projects write them (the official ConvNeXt's Linear MLP with layer
 scale and residual, nanoGPT's MLP with exact and written-out tanh GELU) against eager with
-the blocks really run,
-the rule `auto` follows, and the event fused mode reports."""
+the blocks really run, the rule `auto` follows, --fused-mlp, and the event fused mode
+reports."""
 from __future__ import annotations
 
 import copy
