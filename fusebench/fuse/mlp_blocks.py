@@ -83,7 +83,6 @@ class BlocksImpl:
     db1, dw2, db2)) and where `auto` runs it. Keyed in IMPLS by the bias_gelu impl whose GELU
     it computes: a site runs the blocks of the impl its bias + GELU is bound to (bound per
     device by measurement, fuse/binding.py), so both schedules compute the same GELU."""
-    name: str
     dtypes: tuple[torch.dtype, ...]
     ready: Callable[[str], tuple[bool, str]]    # device type -> (usable here, why not)
     forward: Callable
@@ -110,7 +109,7 @@ def _cpu_backward(dy, x, h0, b1, w1, w2, tanh, has_b2):
 
 IMPLS = {
     "cpu": BlocksImpl(
-        "cpu", (torch.float32, torch.float64), _cpu_ready, _cpu_forward, _cpu_backward,
+        (torch.float32, torch.float64), _cpu_ready, _cpu_forward, _cpu_backward,
         f"{ROWS}-row blocks kept in L2",
         f"where fc1's output is {MIN_HIDDEN_BYTES >> 10} KiB or more and its input at most "
         f"{MAX_CHANNELS} wide", auto=True),
@@ -118,7 +117,7 @@ IMPLS = {
     # GPU yet, so `auto` keeps the layers there and --fused-mlp blocks runs it
     # (scripts/gpu_check.sh times both)
     "triton": BlocksImpl(
-        "triton", act_triton.DTYPES, triton_available,
+        act_triton.DTYPES, triton_available,
         act_triton.mlp_triton_forward, act_triton.mlp_triton_backward,
         "the Triton kernel's row blocks (the hidden tile in registers)",
         "the layers, the Triton blocks not yet timed on a GPU", auto=False,
