@@ -5,10 +5,12 @@
     python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
     python benchmarks/fusion_ab.py --gemm aten                     # the sites' GEMMs: aten's mm
     python benchmarks/fusion_ab.py --model convnext_atto --mlp layers   # MLPs not in row blocks
+    python benchmarks/fusion_ab.py --model convnext_atto --dwconv-aten-fwd  # 5x5/7x7: oneDNN fwd, dx
 
 Models from one seed: fused with everything ("new"), fused without the fusions named in
---without ("base"; with --aten-1x1, --gemm and/or --mlp alone base is the new model itself,
-run with aten's 1x1 convs, on another GEMM backend or on another MLP schedule), and eager;
+--without ("base"; with --aten-1x1, --gemm, --mlp and/or --dwconv-aten-fwd alone base is the new model itself,
+run with aten's 1x1 convs, on another GEMM backend, on another MLP schedule or with oneDNN's
+depthwise forward and grad input), and eager;
 train steps in rounds, each round in a rotated order so the VM's drift hits all three alike
 (kernel_ab.py's scheme, for the Python-level choices that one does not cover). Prints the
 medians, base/new and eager/new with the load average. Both fused sides take NCHW input as
@@ -23,10 +25,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm, mlp_blocks
+from fusebench.fuse.fusions import dwconv
 from fusebench.fuse.layout import ChannelsLastInside
 from fusebench.measure.memory import pin_malloc
 
@@ -44,15 +48,19 @@ def main(argv=None) -> int:
     ap.add_argument("--mlp", choices=[c for c in mlp_blocks.CHOICES if c != "auto"],
                     help="base side: the MLP sites on this schedule (fuse/mlp_blocks.py; "
                          "new: auto)")
+    ap.add_argument("--dwconv-aten-fwd", action="store_true",
+                    help="base side: 5x5/7x7 depthwise convs run oneDNN's forward and grad input "
+                         "and our grad weight (the rule where the kernel has no reuse blocks)")
     ap.add_argument("--keep-layout", action="store_true",
                     help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
-    if off - known or not (off or a.aten_1x1 or a.keep_layout or a.gemm or a.mlp):
+    routing = a.aten_1x1 or a.gemm or a.mlp or a.dwconv_aten_fwd
+    if off - known or not (off or routing or a.keep_layout):
         print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1, --gemm, "
-              "--mlp or --keep-layout", file=sys.stderr)
+              "--mlp, --dwconv-aten-fwd or --keep-layout", file=sys.stderr)
         return 2
     if a.keep_layout and not a.nchw:
         print("fusion_ab: --keep-layout A/Bs NCHW input: add --nchw", file=sys.stderr)
@@ -63,7 +71,7 @@ def main(argv=None) -> int:
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
     new = build(a.model, cl, True, rebuild=a.fused_recompute)
-    # only the routing differs (--aten-1x1 / --gemm / --mlp): one model for both sides, so the A/B
+    # only the routing differs (--aten-1x1 / --gemm / --mlp / --dwconv-aten-fwd): one model for both sides, so the A/B
     # carries no difference between two instances' heaps
     base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute) \
         if off or a.keep_layout else new
@@ -85,6 +93,7 @@ def main(argv=None) -> int:
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
                       *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *([f"MLPs: {a.mlp}"] * bool(a.mlp)),
+                      *(["oneDNN's depthwise fwd + dx"] * a.dwconv_aten_fwd),
                       *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
@@ -96,8 +105,8 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def _base_within(a):
-    """The base side's routing: aten's 1x1 convs, the GEMM backend and/or the MLP schedule
-    asked for."""
+    """The base side's routing: aten's 1x1 convs, the GEMM backend, the MLP schedule and/or
+    oneDNN's depthwise forward and grad input asked for."""
     with contextlib.ExitStack() as stack:
         if a.aten_1x1:
             stack.enter_context(conv1x1.aten_convs())
@@ -105,7 +114,14 @@ def _base_within(a):
             stack.enter_context(gemm.using(a.gemm))
         if a.mlp:
             stack.enter_context(mlp_blocks.using(a.mlp))
+        if a.dwconv_aten_fwd:
+            stack.enter_context(mock.patch.object(dwconv, "passes_for", _grad_weight_only))
         yield
+
+
+def _grad_weight_only(channels_last, k, *shape, _rule=dwconv.passes_for):
+    """dwconv.passes_for as it reads on a build without reuse blocks (_rule: the unpatched one)."""
+    return dwconv.GRAD_WEIGHT if k in (5, 7) else _rule(channels_last, k, *shape)
 
 
 if __name__ == "__main__":

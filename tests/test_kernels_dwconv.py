@@ -1,7 +1,9 @@
 """The depthwise conv kernel (kernels.dwconv: forward, grad input, grad weight) against float64
 aten, and its fusion: the C++ passes really run where the rule takes them, aten's elsewhere with
 a reason, and bad input is refused or said."""
+import copy
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,8 +59,10 @@ def _inputs(shape, k, layout, dtype, bias):
 
 # C: two full 16-float vectors + a half + single lanes (41), 8 + lanes (9), one lane; H, W
 # smaller than the kernel, odd / even (stride-2 phases), W past the 4-output register block;
-# 120 rows of 4 columns: the weight gradient's 32-row chunks, crossing images
-SHAPES = [(2, 41, 11, 13), (1, 9, 6, 5), (2, 1, 3, 2), (1, 17, 1, 9), (3, 20, 40, 4)]
+# 120 rows of 4 columns: the weight gradient's 32-row chunks, crossing images; 37 columns:
+# AVX-512's 8-output blocks with every column inside, edge blocks and 4- and 1-output tails
+SHAPES = [(2, 41, 11, 13), (1, 9, 6, 5), (2, 1, 3, 2), (1, 17, 1, 9), (3, 20, 40, 4),
+          (1, 24, 5, 37)]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
@@ -121,8 +125,8 @@ def _ran_ours(y) -> bool:
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
 def test_fused_module_runs_the_kernel(k, stride, layout):
     """EfficientNet's convs (3x3/5x5, stride 1/2) and ConvNeXt's 7x7: fused; 5x5 and 7x7 run
-    our grad weight in both layouts, 3x3 oneDNN's (measured
-    faster: passes_for); gradients match the unfused model either way."""
+    our kernel (which passes: the test below), 3x3 oneDNN's (measured faster: passes_for);
+    gradients match the unfused model either way."""
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Conv2d(6, 6, k, stride, padding=k // 2, groups=6), nn.Conv2d(6, 4, 1))
     model = nn.Sequential(*(nn.Conv2d(6, 6, k, stride, k // 2, groups=6), nn.Conv2d(6, 4, 1)))
@@ -136,6 +140,64 @@ def test_fused_module_runs_the_kernel(k, stride, layout):
     y.sum().backward(), yr.sum().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
+class _Calls:
+    """The kernel's extension, noting which entry points a step called."""
+
+    def __init__(self, ext):
+        self._ext, self.names = ext, set()
+
+    def __getattr__(self, name):
+        self.names.add(name)
+        return getattr(self._ext, name)
+
+
+@pytest.fixture
+def fresh_rule():
+    dwconv_fusion.passes_for.cache_clear()      # a rule read under a patched build: not kept
+    yield
+    dwconv_fusion.passes_for.cache_clear()
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["reuse_blocks", "per_tap"])
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+def test_each_pass_runs_where_the_rule_takes_it(monkeypatch, fresh_rule, reuse, k, layout):
+    """A build with AVX-512's reuse blocks runs all three passes of a channels-last 5x5 / 7x7
+    ours; one without (or NCHW input) our grad weight alone; 3x3 none. The calls that reach the
+    extension are what is counted, and the gradients match the unfused model's."""
+    monkeypatch.setattr(cpu, "reuse_blocks", lambda: reuse)
+    calls = _Calls(cpu.extension())
+    monkeypatch.setattr(cpu, "extension", lambda: calls)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(8, 8, k, padding=k // 2, groups=8), nn.Conv2d(8, 4, 1))
+    model = copy.deepcopy(ref)
+    fuse(model, "train")
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(2, 8, 12, 12).contiguous(memory_format=fmt).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")           # 3x3's "aten kept", tested below
+        y = model(x)
+    y.sum().backward()
+    ref(xr).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-5)
+    every = {"forward", "backward_input", "backward_weight"}
+    want = set() if k == 3 else every if reuse and layout == "channels_last" \
+        else {"backward_weight"}
+    assert calls.names & every == want
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_reuse_blocks_follow_the_cpu():
+    """The flag the rule reads says what the build compiled: -march=native, so AVX-512's
+    blocks exactly where the CPU has avx512f."""
+    flags = Path("/proc/cpuinfo")
+    if not flags.exists():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    assert cpu.reuse_blocks() == ("avx512f" in flags.read_text().split())
 
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])

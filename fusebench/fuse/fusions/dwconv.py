@@ -26,6 +26,16 @@ A 3x3 site still runs as a FusedDepthwiseConv when its input is a fused BN + act
     gradient's rework (1.3-2.4x faster per call at 7x7, 1.05-1.2x at 5x5): aten's grad input +
     ours 3.3-4.9x aten's backward at 5x5, 0.71-1.08x at 3x3 (most within 1.0-1.08x, noise
     here): the rule stands.
+  - Forty-second session (Intel Xeon VM with AVX-512, family 6 model 167, 160 px, quiet): our
+    forward and grad input load each input column once per 8 outputs there (`block_reuse`,
+    AVX-512 builds only: `cpu.reuse_blocks()`), and beat oneDNN's in channels-last, 2 threads
+    then 1: 7x7 (ConvNeXt-atto's four shapes) forward 1.32-1.69x, 1.19-1.56x, grad input
+    1.72-2.28x, 1.50-2.27x; 5x5 (EfficientNet-B0/B3's) forward 0.97-1.40x, 0.93-1.47x, grad
+    input 1.09-1.83x, 1.21-1.77x. So on such a build channels-last 5x5 and 7x7 run all three
+    passes ours. NCHW input keeps oneDNN's forward and grad input (ours converts to
+    channels-last and back: 5x5 forward 0.52-0.94x, 7x7 0.95-1.30x; fused mode runs
+    ConvNeXt channels-last inside anyway). 3x3 stays aten's: forward 0.90-1.57x,
+    whole backward 0.78-1.86x, a mix of wins and losses across shapes and thread counts.
 Rerun the benchmark on a quiet machine before changing passes_for."""
 from __future__ import annotations
 
@@ -39,7 +49,7 @@ import torch.nn.functional as F
 from fusebench.fuse.recompute import recipe_of
 from fusebench.fuse.rule import FuseContext, FusedModule, register_fusion
 from fusebench.kernels.dwconv import cpu
-from fusebench.kernels.dwconv.cpu import Passes
+from fusebench.kernels.dwconv.cpu import ALL, Passes
 
 GRAD_WEIGHT = Passes(forward=False, input_grad=False, weight_grad=True)
 ATEN = Passes(False, False, False)
@@ -49,7 +59,7 @@ ATEN = Passes(False, False, False)
 def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Passes:
     """The measured rule (module docstring); says once per shape when aten keeps all of it."""
     if k in (5, 7):              # our grad weight 0.9-9.6x oneDNN's (quiet, 1 and 2 threads)
-        return GRAD_WEIGHT
+        return ALL if channels_last and cpu.reuse_blocks() else GRAD_WEIGHT
     warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at {h}x{w} "
                   f"({'channels-last' if channels_last else 'NCHW'}): oneDNN's passes measured "
                   f"faster than ours (benchmarks/dwconv.py, quiet)", stacklevel=2)

@@ -114,6 +114,86 @@ inline void block(const TapRows<S>& rows, const S* wt, const S* bias, const Cols
   for (int r = 0; r < R; ++r) st(op + r * ostep, a[r]);
 }
 
+#if defined(__AVX512F__)
+// AVX-512: a whole output row (or dx phase) in blocks of R adjacent outputs whose taps share
+// input columns. Where the map is one of the three the passes use, (CS, CD) = (1, 1), (2, 1)
+// (forward, stride 1 / 2) or (1, -1) (every dx phase), the R outputs' taps of one tap row read
+// only U = (R-1)*CS + T input columns: each is loaded once and meets every weight it pairs
+// with from registers (T weights, R accumulators: 16 of the 32 registers at R = 8, T = 7; 8
+// chains keep both FMA ports busy). block() loads a column per (output, tap): at 7x7 that is
+// 63 loads for 56 FMAs, and ConvNeXt's forward ran at 0.5-0.7x oneDNN's rate (docs/fused.md,
+// forty-second session). Edge blocks load a zero vector for a column outside the image, so
+// the narrow rows of late stages (10 or 5 wide: most columns are edges) run here too.
+// AVX2's 16 registers would spill the weights, so it keeps block() and edge().
+template <typename S, int N, int R, int T, int CS, int CD, bool Checked>
+inline void block_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm,
+                        int64_t c_lo, S* op, int64_t ostep, int64_t C, int64_t K) {
+  using V = Vec<S, N>;
+  constexpr int U = (R - 1) * CS + T;
+  V a[R];
+  const V b0 = bias ? ld<V>(bias) : V{};
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a[r] = b0;
+  for (int q = 0; q < rows.n; ++q) {
+    const S* wr = wt + (rows.wrow[q] * K + cm.wc0) * C;
+    V wv[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) wv[t] = ld<V>(wr + t * cm.wcs * C);
+    const S* xp = rows.in[q] + c_lo * C;
+#pragma GCC unroll 32
+    for (int u = 0; u < U; ++u) {
+      if (Checked && (c_lo + u < 0 || c_lo + u >= cm.inW)) continue;   // a zero column
+      const V xv = ld<V>(xp + u * C);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {   // output r's tap t reads column u = r*CS + (t or T-1-t)
+        const int d = u - r * CS, t = CD > 0 ? d : T - 1 - d;
+        if (d >= 0 && d < T) a[r] += xv * wv[t];
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) st(op + r * ostep, a[r]);
+}
+
+// Outputs [b, b+R) through block_reuse, checked only where a column falls outside.
+template <typename S, int N, int R, int T, int CS, int CD>
+inline void reuse_at(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm,
+                     int64_t b, S* orow, int64_t ostep, int64_t C, int64_t K) {
+  constexpr int U = (R - 1) * CS + T;
+  const int64_t c_lo = cm.col(b, CD > 0 ? 0 : T - 1);    // output b's leftmost tap
+  S* op = orow + b * ostep;
+  if (c_lo >= 0 && c_lo + U <= cm.inW)
+    block_reuse<S, N, R, T, CS, CD, false>(rows, wt, bias, cm, c_lo, op, ostep, C, K);
+  else
+    block_reuse<S, N, R, T, CS, CD, true>(rows, wt, bias, cm, c_lo, op, ostep, C, K);
+}
+
+template <typename S, int N, int T, int CS, int CD>
+void row_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, S* orow,
+               int64_t ostep, int64_t C, int64_t K) {
+  int64_t b = 0;
+  for (; b + 8 <= cm.B; b += 8) reuse_at<S, N, 8, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
+  if (b + 4 <= cm.B) reuse_at<S, N, 4, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K), b += 4;
+  if (b + 2 <= cm.B) reuse_at<S, N, 2, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K), b += 2;
+  if (b < cm.B) reuse_at<S, N, 1, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
+}
+
+// row_reuse for cm's map; false where it is none of the three
+template <typename S, int N, int T>
+bool try_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, S* orow,
+               int64_t ostep, int64_t C, int64_t K) {
+  if (cm.cs == 1 && cm.cd == 1)
+    row_reuse<S, N, T, 1, 1>(rows, wt, bias, cm, orow, ostep, C, K);
+  else if (cm.cs == 2 && cm.cd == 1)
+    row_reuse<S, N, T, 2, 1>(rows, wt, bias, cm, orow, ostep, C, K);
+  else if (cm.cs == 1 && cm.cd == -1)
+    row_reuse<S, N, T, 1, -1>(rows, wt, bias, cm, orow, ostep, C, K);
+  else
+    return false;
+  return true;
+}
+#endif
+
 // One output whose taps may fall outside the image (an edge column): checked per tap.
 template <typename S, int N>
 inline void edge(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, int64_t b,
@@ -138,6 +218,9 @@ struct RowOp {
       for (int q = 0; q < rows.n; ++q) rows.in[q] += c0;
       wt += c0, orow += c0;
       if (bias) bias += c0;
+#if defined(__AVX512F__)
+      if (try_reuse<S, N, T>(rows, wt, bias, *cm, orow, ostep, C, K)) return;
+#endif
       constexpr int R = 4;  // 4 outputs x (up to) 2 AVX2 registers: chains without spills
       int64_t b = 0;
       for (; b < cm->lo; ++b) edge<S, N>(rows, wt, bias, *cm, b, orow + b * ostep, C, K);
@@ -419,6 +502,13 @@ std::vector<at::Tensor> backward(at::Tensor dy, at::Tensor x, at::Tensor w, bool
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("reuse_blocks", [] {
+#if defined(__AVX512F__)
+    return true;
+#else
+    return false;
+#endif
+  }, "whether the forward and grad input run AVX-512's column-reuse blocks (block_reuse)");
   m.def("forward", &forward, "y (channels-last)", py::arg("x"), py::arg("weight"),
         py::arg("bias"), py::arg("stride") = 1);
   m.def("backward_input", &backward_input, "dx (channels-last)", py::arg("dy"), py::arg("x"),

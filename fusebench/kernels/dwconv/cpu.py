@@ -58,6 +58,13 @@ def supports(conv: nn.Conv2d) -> str:
     return ""
 
 
+def reuse_blocks() -> bool:
+    """Whether this build's forward and grad input load each input column once per block of
+    outputs (AVX-512's registers: block_reuse in cpu.cpp), which made them faster than oneDNN's
+    at 5x5 and 7x7 channels-last; AVX2 builds keep the per-tap loads."""
+    return bool(extension().reuse_blocks())
+
+
 def runs_on(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 4
 
