@@ -49,8 +49,8 @@ def _family_headers(sha: str, family: str) -> dict[str, bytes]:
 def base_extensions(rev: str, new: dict[str, object]) -> dict[str, object]:
     """family -> the extension built from `rev`'s sources, or the working tree's own where the
     family's cpu.cpp, its own headers and the shared ones are the same at `rev` (nothing to
-    build). Sources go
-    to a directory per commit under the build cache, so a second run reuses the build."""
+    build). Sources go to a directory per commit under the build cache, so a second run
+    reuses the build."""
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", rev], capture_output=True,
                          text=True, check=True).stdout.strip()
     root = cache_root() / "ab" / sha[:16]

@@ -371,6 +371,4 @@ def _flops(b: Built) -> tuple[float | None, float | None]:
         fwd, total = step_flops(forward, (lambda loss: loss.backward()) if b.train else None)
     except Exception:  # flop counting is informational; a model it cannot trace still benches
         return None, None
-    finally:
-        del m
     return fwd / b.spec.model.batch_size / 1e9, total / 1e9
