@@ -155,9 +155,12 @@ class _Calls:
 
 @pytest.fixture
 def fresh_rule():
-    dwconv_fusion.passes_for.cache_clear()      # a rule read under a patched build: not kept
+    """A rule read under a patched build is not kept, nor the shapes earlier tests ran."""
+    dwconv_fusion.passes_for.cache_clear()
+    dwconv_fusion._taken.clear()
     yield
     dwconv_fusion.passes_for.cache_clear()
+    dwconv_fusion._taken.clear()
 
 
 @pytest.mark.parametrize("reuse", [True, False], ids=["reuse_blocks", "per_tap"])
@@ -189,6 +192,30 @@ def test_each_pass_runs_where_the_rule_takes_it(monkeypatch, fresh_rule, reuse, 
     assert calls.names & every == want
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["reuse_blocks", "per_tap"])
+def test_the_fused_mode_says_which_passes_ran(monkeypatch, fresh_rule, reuse):
+    """One event line per cell: the conv shapes by the passes they ran, and the build read."""
+    from fusebench.measure.events import EventLog
+    from fusebench.modes import get_mode
+    monkeypatch.setattr(cpu, "reuse_blocks", lambda: reuse)
+    model = nn.Sequential(nn.Conv2d(8, 8, 7, padding=3, groups=8), nn.Conv2d(8, 8, 1),
+                          nn.Conv2d(8, 8, 5, padding=2, groups=8),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8)).train()
+    mode, events = get_mode("fused"), EventLog()
+    x = torch.randn(2, 8, 12, 12).contiguous(memory_format=torch.channels_last)
+    call = mode.prepare(model, (x,), {"bench": "train"}, events)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call(x).sum().backward()
+    mode.finish(events)
+    ours = "all three passes ours" if reuse else \
+        "our grad weight with oneDNN's forward and grad input"
+    build = "AVX-512 column-reuse build" if reuse else "build without AVX-512"
+    assert [e.message for e in events.events() if e.message.startswith("dwconv: of ")] == [
+        f"dwconv: of 3 conv shapes, {ours} at 2, oneDNN's three at 1 ({build}; "
+        f"fuse/fusions/dwconv.py passes_for)"]
 
 
 def test_reuse_blocks_follow_the_cpu():

@@ -107,7 +107,9 @@ class Fused(Mode):
 
     def finish(self, events):
         from fusebench.fuse import gemm, mlp_blocks, patchify
-        for raced in (gemm.describe_raced(), patchify.describe_raced(), *mlp_blocks.describe()):
+        from fusebench.fuse.fusions import dwconv
+        for raced in (gemm.describe_raced(), patchify.describe_raced(), *mlp_blocks.describe(),
+                      dwconv.describe()):
             if raced:                          # auto's choices are made as calls first run
                 events.add("info", "fuser", raced)
 

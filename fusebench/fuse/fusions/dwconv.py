@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections import Counter
 
 import torch
 import torch.nn as nn
@@ -55,15 +56,37 @@ GRAD_WEIGHT = Passes(forward=False, input_grad=False, weight_grad=True)
 ATEN = Passes(False, False, False)
 
 
+# conv shape -> the passes it ran (what fused mode reports: per shape, as gemm's race line)
+_taken: dict[tuple, Passes] = {}
+SAYS = {ALL: "all three passes ours", GRAD_WEIGHT: "our grad weight with oneDNN's forward and "
+        "grad input", ATEN: "oneDNN's three"}
+
+
 @functools.cache
 def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Passes:
     """The measured rule (module docstring); says once per shape when aten keeps all of it."""
     if k in (5, 7):              # our grad weight 0.9-9.6x oneDNN's (quiet, 1 and 2 threads)
-        return ALL if channels_last and cpu.reuse_blocks() else GRAD_WEIGHT
-    warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at {h}x{w} "
-                  f"({'channels-last' if channels_last else 'NCHW'}): oneDNN's passes measured "
-                  f"faster than ours (benchmarks/dwconv.py, quiet)", stacklevel=2)
-    return ATEN
+        passes = ALL if channels_last and cpu.reuse_blocks() else GRAD_WEIGHT
+    else:
+        warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at "
+                      f"{h}x{w} ({'channels-last' if channels_last else 'NCHW'}): oneDNN's "
+                      f"passes measured faster than ours (benchmarks/dwconv.py, quiet)",
+                      stacklevel=2)
+        passes = ATEN
+    _taken[(channels_last, k, stride, h, w)] = passes
+    return passes
+
+
+def describe() -> str | None:
+    """The event line: which passes the depthwise conv shapes called so far ran, and the
+    build the rule read (None before a call)."""
+    if not _taken:
+        return None
+    counts = Counter(_taken.values())
+    build = "AVX-512 column-reuse build" if cpu.reuse_blocks() else "build without AVX-512"
+    return (f"dwconv: of {len(_taken)} conv shapes, "
+            + ", ".join(f"{SAYS[p]} at {counts[p]}" for p in SAYS if counts[p])
+            + f" ({build}; fuse/fusions/dwconv.py passes_for)")
 
 
 class FusedDepthwiseConv(FusedModule):
