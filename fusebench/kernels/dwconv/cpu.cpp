@@ -178,19 +178,27 @@ void row_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& c
   if (b < cm.B) reuse_at<S, N, 1, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
 }
 
-// row_reuse for cm's map; false where it is none of the three
+// row_reuse for cm's map; false where it is none of the three. The forward's maps only come
+// with T = K (odd): the other tap counts are grad-input phases, and instantiating the forward
+// maps for them too cost the build a third more time.
 template <typename S, int N, int T>
 bool try_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, S* orow,
                int64_t ostep, int64_t C, int64_t K) {
-  if (cm.cs == 1 && cm.cd == 1)
-    row_reuse<S, N, T, 1, 1>(rows, wt, bias, cm, orow, ostep, C, K);
-  else if (cm.cs == 2 && cm.cd == 1)
-    row_reuse<S, N, T, 2, 1>(rows, wt, bias, cm, orow, ostep, C, K);
-  else if (cm.cs == 1 && cm.cd == -1)
+  if (cm.cs == 1 && cm.cd == -1) {
     row_reuse<S, N, T, 1, -1>(rows, wt, bias, cm, orow, ostep, C, K);
-  else
-    return false;
-  return true;
+    return true;
+  }
+  if constexpr (T >= 3 && T % 2 == 1) {
+    if (cm.cs == 1 && cm.cd == 1) {
+      row_reuse<S, N, T, 1, 1>(rows, wt, bias, cm, orow, ostep, C, K);
+      return true;
+    }
+    if (cm.cs == 2 && cm.cd == 1) {
+      row_reuse<S, N, T, 2, 1>(rows, wt, bias, cm, orow, ostep, C, K);
+      return true;
+    }
+  }
+  return false;
 }
 #endif
 
