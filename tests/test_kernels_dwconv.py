@@ -125,7 +125,7 @@ def _ran_ours(y) -> bool:
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
 def test_fused_module_runs_the_kernel(k, stride, layout):
     """EfficientNet's convs (3x3/5x5, stride 1/2) and ConvNeXt's 7x7: fused; 5x5 and 7x7 run
-    our kernel (which passes: the test below), 3x3 oneDNN's (measured faster: passes_for);
+    our kernel (which passes: the test below), 3x3 oneDNN's (passes_for);
     gradients match the unfused model either way."""
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Conv2d(6, 6, k, stride, padding=k // 2, groups=6), nn.Conv2d(6, 4, 1))

@@ -68,9 +68,11 @@ def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Pass
     if k in (5, 7):              # our grad weight 0.9-9.6x oneDNN's (quiet, 1 and 2 threads)
         passes = ALL if channels_last and cpu.reuse_blocks() else GRAD_WEIGHT
     else:
+        why = ("ours per pass are 0.65-2.2x its speed, and no faster over a train step "
+               "(EfficientNet-B0 1.000-1.004x, docs/kernels.md)") if cpu.reuse_blocks() \
+            else "oneDNN's passes measured faster than ours (benchmarks/dwconv.py, quiet)"
         warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at "
-                      f"{h}x{w} ({'channels-last' if channels_last else 'NCHW'}): oneDNN's "
-                      f"passes measured faster than ours (benchmarks/dwconv.py, quiet)",
+                      f"{h}x{w} ({'channels-last' if channels_last else 'NCHW'}): {why}",
                       stacklevel=2)
         passes = ATEN
     _taken[(channels_last, k, stride, h, w)] = passes
