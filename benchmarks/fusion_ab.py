@@ -5,13 +5,15 @@
     python benchmarks/fusion_ab.py --keep-layout --nchw            # channels-last inside or not
     python benchmarks/fusion_ab.py --gemm aten                     # the sites' GEMMs: aten's mm
     python benchmarks/fusion_ab.py --model convnext_atto --mlp layers   # MLPs not in row blocks
-    python benchmarks/fusion_ab.py --model convnext_atto --dwconv-aten-fwd  # 5x5/7x7: oneDNN fwd, dx
+    python benchmarks/fusion_ab.py --model convnext_atto --dwconv-aten-fwd  # oneDNN's fwd, dx
+    python benchmarks/fusion_ab.py --model convnext_atto --fold-layer-scale  # gamma always folded
 
 Models from one seed: fused with everything ("new"), fused without the fusions named in
---without ("base"; with --aten-1x1, --gemm, --mlp and/or --dwconv-aten-fwd alone base is the new model itself,
-run with aten's 1x1 convs, on another GEMM backend, on another MLP schedule or with oneDNN's
-depthwise forward and grad input), and eager;
-train steps in rounds, each round in a rotated order so the VM's drift hits all three alike
+--without ("base"; with --aten-1x1, --gemm, --mlp, --dwconv-aten-fwd and/or --fold-layer-scale
+alone base is the new model itself, run with aten's 1x1 convs, on another GEMM backend, on
+another MLP schedule, with oneDNN's depthwise forward and grad input or with every layer scale
+folded into fc2's weight), and eager; train steps in rounds, each round in
+a rotated order so the VM's drift hits all three alike
 (kernel_ab.py's scheme, for the Python-level choices that one does not cover). Prints the
 medians, base/new and eager/new with the load average. Both fused sides take NCHW input as
 given (fused mode's channels-last inside, fuse/layout.py, is not applied) unless --keep-layout,
@@ -29,7 +31,7 @@ from unittest import mock
 
 import torch
 
-from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm, mlp_blocks
+from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm, layer_scale, mlp_blocks
 from fusebench.fuse.fusions import dwconv
 from fusebench.fuse.layout import ChannelsLastInside
 from fusebench.measure.memory import pin_malloc
@@ -51,16 +53,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dwconv-aten-fwd", action="store_true",
                     help="base side: 5x5/7x7 depthwise convs run oneDNN's forward and grad input "
                          "and our grad weight (the rule where the kernel has no reuse blocks)")
+    ap.add_argument("--fold-layer-scale", action="store_true",
+                    help="base side: every layer scale folded into fc2's weight (new: on the "
+                         "smaller operand, layer_scale.on_rows)")
     ap.add_argument("--keep-layout", action="store_true",
                     help="with --nchw: base keeps NCHW, new runs channels-last inside")
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     off = {n for n in a.without.split(",") if n}
     known = {*FUSIONS.names(), *PATTERNS.names()}
-    routing = a.aten_1x1 or a.gemm or a.mlp or a.dwconv_aten_fwd
+    routing = a.aten_1x1 or a.gemm or a.mlp or a.dwconv_aten_fwd or a.fold_layer_scale
     if off - known or not (off or routing or a.keep_layout):
         print(f"fusion_ab: name --without from {sorted(known)} and/or --aten-1x1, --gemm, "
-              "--mlp, --dwconv-aten-fwd or --keep-layout", file=sys.stderr)
+              "--mlp, --dwconv-aten-fwd, --fold-layer-scale or --keep-layout", file=sys.stderr)
         return 2
     if a.keep_layout and not a.nchw:
         print("fusion_ab: --keep-layout A/Bs NCHW input: add --nchw", file=sys.stderr)
@@ -71,8 +76,9 @@ def main(argv=None) -> int:
     cl = not a.nchw
     only = [n for n in (*ORDER, *PATTERNS.names()) if n not in off]
     new = build(a.model, cl, True, rebuild=a.fused_recompute)
-    # only the routing differs (--aten-1x1 / --gemm / --mlp / --dwconv-aten-fwd): one model for both sides, so the A/B
-    # carries no difference between two instances' heaps
+    # only the routing differs (--aten-1x1 / --gemm / --mlp / --dwconv-aten-fwd /
+    # --fold-layer-scale): one model for both sides, so the A/B carries no difference between
+    # two instances' heaps
     base = build(a.model, cl, True, only=only, rebuild=a.fused_recompute) \
         if off or a.keep_layout else new
     sides = {"base": (base, functools.partial(_base_within, a), None),
@@ -94,6 +100,7 @@ def main(argv=None) -> int:
     what = ", ".join([*(f"without {n}" for n in sorted(off)), *(["aten 1x1"] * a.aten_1x1),
                       *([f"{a.gemm} GEMMs"] * bool(a.gemm)), *([f"MLPs: {a.mlp}"] * bool(a.mlp)),
                       *(["oneDNN's depthwise fwd + dx"] * a.dwconv_aten_fwd),
+                      *(["layer scales folded"] * a.fold_layer_scale),
                       *(["NCHW kept"] * a.keep_layout)])
     print(f"{a.model} {'NCHW' if a.nchw else 'channels-last'} T{a.threads} (base: {what}): "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
@@ -105,8 +112,8 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def _base_within(a):
-    """The base side's routing: aten's 1x1 convs, the GEMM backend, the MLP schedule and/or
-    oneDNN's depthwise forward and grad input asked for."""
+    """The base side's routing: aten's 1x1 convs, the GEMM backend, the MLP schedule, oneDNN's
+    depthwise forward and grad input and/or folded layer scales asked for."""
     with contextlib.ExitStack() as stack:
         if a.aten_1x1:
             stack.enter_context(conv1x1.aten_convs())
@@ -116,6 +123,8 @@ def _base_within(a):
             stack.enter_context(mlp_blocks.using(a.mlp))
         if a.dwconv_aten_fwd:
             stack.enter_context(mock.patch.object(dwconv, "passes_for", _grad_weight_only))
+        if a.fold_layer_scale:
+            stack.enter_context(mock.patch.object(layer_scale, "on_rows", lambda *_: False))
         yield
 
 

@@ -492,6 +492,43 @@ def test_an_mlp_folds_its_residual_on_channels_last(block, layout, folded, site_
     assert ("AddBackward0" in kinds) == (not folded), kinds
 
 
+class ReluGammaMlp(nn.Module):          # Linears on (N, H, W, C) rows, ReLU, a layer scale
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        return self.gamma * self.fc2(F.relu(self.fc1(x.permute(0, 2, 3, 1))))
+
+
+LAYER_SCALED = {"conv_mlp_gamma": lambda c: ConvMlpGamma(c), "relu_linear": ReluGammaMlp,
+                "official_convnext": lambda c: convnext_official.Block(c, layer_scale=0.5)}
+
+
+@pytest.mark.parametrize("hw, on_rows", [(32, False), (2, True)], ids=["fold", "rows"])
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format],
+                         ids=["cl", "nchw"])
+@pytest.mark.parametrize("block", list(LAYER_SCALED))
+def test_the_layer_scale_goes_on_the_smaller_operand(block, layout, hw, on_rows, monkeypatch):
+    """gamma is folded into fc2's weight where fc2's output is the larger (2048 rows), and
+    scales fc2's output where the weight is (8 rows, as a late stage's few: layer_scale.on_rows);
+    either way, with and without the residual in the Function, outputs and every gradient
+    (gamma's too) match eager in float64. Which way ran is counted, not assumed."""
+    from fusebench.fuse import layer_scale
+    scaled = []
+    real = layer_scale.scaled
+    monkeypatch.setattr(layer_scale, "scaled",
+                        lambda *a, **k: scaled.append(a[0].shape) or real(*a, **k))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 1), LAYER_SCALED[block](16)).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites)["mlp"] == 1
+    x = torch.randn(2, 3, hw, hw, dtype=torch.float64).contiguous(memory_format=layout)
+    assert_matches_eager(model, ref, (x,))
+    assert bool(scaled) == on_rows, scaled
+
+
 class BroadcastShortcut(nn.Module):   # the official block's permute back, a (C, 1, 1) "shortcut"
     def __init__(self, c):
         super().__init__()

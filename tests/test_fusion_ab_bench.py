@@ -52,3 +52,24 @@ def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
     assert "(base: aten GEMMs)" in capsys.readouterr().out
     assert sorted(seen) == ["aten", "auto", "auto"] and gemm._choice.name == "auto"
     assert built == [True, False]        # one fused model for both sides (and eager)
+
+
+def test_the_depthwise_and_layer_scale_abs_change_the_base_side_only(capsys, monkeypatch):
+    """--dwconv-aten-fwd and --fold-layer-scale: the base side's depthwise convs go through the
+    grad-weight-only rule and its layer scales through the fold; the new side scales the rows
+    (at 32 px every ConvNeXt-atto stage has fewer output values than fc2 has weights)."""
+    from fusebench.fuse import layer_scale
+    bench = load_benchmark("fusion_ab")
+    ks, calls = [], {"fold": 0, "scaled": 0}
+    rule = bench._grad_weight_only
+    monkeypatch.setattr(bench, "_grad_weight_only", lambda *a: ks.append(a[1]) or rule(*a))
+    for name in calls:
+        real = getattr(layer_scale, name)
+        monkeypatch.setattr(layer_scale, name, lambda *a, _n=name, _f=real, **k:
+                            calls.__setitem__(_n, calls[_n] + 1) or _f(*a, **k))
+    assert bench.main(["--model", "convnext_atto", "--dwconv-aten-fwd", "--fold-layer-scale",
+                       "--img", "32", "--batch", "2", "--rounds", "1", "--warmup", "0",
+                       "--threads", "1"]) == 0
+    assert "oneDNN's depthwise fwd + dx, layer scales folded" in capsys.readouterr().out
+    assert ks and set(ks) == {7}
+    assert calls["fold"] > 0 and calls["scaled"] > 0, calls

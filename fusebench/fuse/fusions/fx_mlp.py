@@ -186,7 +186,11 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
     """p: a live dropout's between the act and fc2 (0 < p < 1), drawn as F.dropout draws it
     (_dropout); its mask is saved, the dropout's output rebuilt in backward (eager keeps
     both)."""
-    fc_fwd, fc_bwd, fc_add = FC[fc].fwd, FC[fc].bwd, FC[fc].add
+    fc_fwd, fc_bwd, fc_add, cdim = FC[fc].fwd, FC[fc].bwd, FC[fc].add, FC[fc].cdim
+
+    def rows_scaled(h0, w2, gamma) -> bool:      # layer_scale.on_rows for this call's output
+        return gamma is not None and \
+            layer_scale.on_rows(w2, h0.numel() // h0.shape[cdim] * w2.shape[FC[fc].odim])
 
     def unpack(groups):
         g1, g2, g3 = groups
@@ -201,14 +205,23 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         if p:
             g, mask = _dropout(g, p)
             saved = (keep, mask)
+        if rows_scaled(h0, w2, gamma):          # fc2's output kept unscaled for dgamma
+            t = fc_fwd(g, w2, b2)
+            return layer_scale.scaled(t, gamma, cdim, res), (*saved, t)
         if res is None:
             return fc_fwd(g, *layer_scale.fold(w2, b2, gamma)), saved
         return fc_add(res, g, *layer_scale.fold(w2, b2, gamma)), saved
 
     def bwd(dy, saved, groups):
-        (kept, *mask), (b1, w2, b2, gamma) = saved, unpack(groups)
-        drop = _dropped(mask[0] if mask else None, p)
-        w2f, b2f = layer_scale.fold(w2, b2, gamma)
+        (kept, *rest), (b1, w2, b2, gamma) = saved, unpack(groups)
+        drop = _dropped(rest[0] if p else None, p)
+        gamma_shape = groups[2][0].shape if gamma is not None else None
+        on_rows = rows_scaled(kept, w2, gamma)   # kept has h0's rows, as forward decided on
+        if on_rows:
+            dy, dgam = layer_scale.scaled_grads(dy, rest[-1], gamma, cdim, gamma_shape)
+            w2f, b2f = w2, b2
+        else:
+            w2f, b2f = layer_scale.fold(w2, b2, gamma)
         if ba.from_output:                    # kept = g; fc1's bias is in fc1's own GEMM
             dg, weight_grads = fc_bwd(dy, kept, w2f, b2 is not None)
             dh, db1 = ba.from_output(drop(dg), kept), None
@@ -216,8 +229,11 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         else:
             dh, db1, dw2f, db2f = mlp_backward(ba, fc_bwd, dy, kept, b1, w2f, b2 is not None,
                                                drop)
-        fc2_grads, gamma_grads = layer_scale.unfold_grads(
-            dw2f, db2f, w2, b2, gamma, groups[2][0].shape if gamma is not None else None)
+        if on_rows:
+            fc2_grads, gamma_grads = (dw2f, db2f) if b2 is not None else (dw2f,), (dgam,)
+        else:
+            fc2_grads, gamma_grads = layer_scale.unfold_grads(dw2f, db2f, w2, b2, gamma,
+                                                              gamma_shape)
         return dh, ((db1,) if b1 is not None else (), fc2_grads, gamma_grads)
     return MultiOpKernel(f"mlp[{fc},{ba.act.impl}{f',dropout {p}' if p else ''}]", fwd, bwd)
 

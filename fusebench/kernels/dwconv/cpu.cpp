@@ -172,7 +172,8 @@ template <typename S, int N, int T, int CS, int CD>
 void row_reuse(const TapRows<S>& rows, const S* wt, const S* bias, const Cols& cm, S* orow,
                int64_t ostep, int64_t C, int64_t K) {
   int64_t b = 0;
-  for (; b + 8 <= cm.B; b += 8) reuse_at<S, N, 8, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
+  for (; b + 8 <= cm.B; b += 8)
+    reuse_at<S, N, 8, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
   if (b + 4 <= cm.B) reuse_at<S, N, 4, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K), b += 4;
   if (b + 2 <= cm.B) reuse_at<S, N, 2, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K), b += 2;
   if (b < cm.B) reuse_at<S, N, 1, T, CS, CD>(rows, wt, bias, cm, b, orow, ostep, C, K);
