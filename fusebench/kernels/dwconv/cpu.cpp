@@ -139,11 +139,12 @@ inline void block_reuse(const TapRows<S>& rows, const S* wt, const S* bias, cons
     V wv[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) wv[t] = ld<V>(wr + t * cm.wcs * C);
-    const S* xp = rows.in[q] + c_lo * C;
+    const S* xq = rows.in[q];
 #pragma GCC unroll 32
     for (int u = 0; u < U; ++u) {
-      if (Checked && (c_lo + u < 0 || c_lo + u >= cm.inW)) continue;   // a zero column
-      const V xv = ld<V>(xp + u * C);
+      const int64_t col = c_lo + u;   // (no pointer formed to a column outside the row)
+      if (Checked && (col < 0 || col >= cm.inW)) continue;             // a zero column
+      const V xv = ld<V>(xq + col * C);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {   // output r's tap t reads column u = r*CS + (t or T-1-t)
         const int d = u - r * CS, t = CD > 0 ? d : T - 1 - d;
