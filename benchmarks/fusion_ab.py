@@ -12,9 +12,9 @@ Models from one seed: fused with everything ("new"), fused without the fusions n
 --without ("base"; with --aten-1x1, --gemm, --mlp, --dwconv-aten-fwd and/or --fold-layer-scale
 alone base is the new model itself, run with aten's 1x1 convs, on another GEMM backend, on
 another MLP schedule, with oneDNN's depthwise forward and grad input or with every layer scale
-folded into fc2's weight), and eager; train steps in rounds, each round in
-a rotated order so the VM's drift hits all three alike
-(kernel_ab.py's scheme, for the Python-level choices that one does not cover). Prints the
+folded into fc2's weight), and eager; train steps in rounds, each round in a rotated order so
+the VM's drift hits all three alike (kernel_ab.py's scheme, for the Python-level choices that
+one does not cover). Prints the
 medians, base/new and eager/new with the load average. Both fused sides take NCHW input as
 given (fused mode's channels-last inside, fuse/layout.py, is not applied) unless --keep-layout,
 which A/Bs exactly that: base keeps NCHW, new runs channels-last inside."""
@@ -32,8 +32,8 @@ from unittest import mock
 import torch
 
 from fusebench.fuse import FUSIONS, ORDER, PATTERNS, conv1x1, gemm, layer_scale, mlp_blocks
-from fusebench.fuse.fusions import dwconv
 from fusebench.fuse.layout import ChannelsLastInside
+from fusebench.kernels.dwconv import cpu as dwconv_cpu
 from fusebench.measure.memory import pin_malloc
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
                     help="base side: the MLP sites on this schedule (fuse/mlp_blocks.py; "
                          "new: auto)")
     ap.add_argument("--dwconv-aten-fwd", action="store_true",
-                    help="base side: 5x5/7x7 depthwise convs run oneDNN's forward and grad input "
-                         "and our grad weight (the rule where the kernel has no reuse blocks)")
+                    help="base side: the depthwise convs' rule as on a build without reuse "
+                         "blocks (5x5/7x7: oneDNN's forward and grad input, our grad weight)")
     ap.add_argument("--fold-layer-scale", action="store_true",
                     help="base side: every layer scale folded into fc2's weight (new: on the "
                          "smaller operand, layer_scale.on_rows)")
@@ -122,15 +122,11 @@ def _base_within(a):
         if a.mlp:
             stack.enter_context(mlp_blocks.using(a.mlp))
         if a.dwconv_aten_fwd:
-            stack.enter_context(mock.patch.object(dwconv, "passes_for", _grad_weight_only))
+            stack.enter_context(mock.patch.object(dwconv_cpu, "reuse_blocks", lambda: False))
         if a.fold_layer_scale:
             stack.enter_context(mock.patch.object(layer_scale, "on_rows", lambda *_: False))
         yield
 
-
-def _grad_weight_only(channels_last, k, *shape, _rule=dwconv.passes_for):
-    """dwconv.passes_for as it reads on a build without reuse blocks (_rule: the unpatched one)."""
-    return dwconv.GRAD_WEIGHT if k in (5, 7) else _rule(channels_last, k, *shape)
 
 
 if __name__ == "__main__":

@@ -55,14 +55,17 @@ def test_gemm_ab_runs_the_base_side_on_the_named_backend(capsys, monkeypatch):
 
 
 def test_the_depthwise_and_layer_scale_abs_change_the_base_side_only(capsys, monkeypatch):
-    """--dwconv-aten-fwd and --fold-layer-scale: the base side's depthwise convs go through the
-    grad-weight-only rule and its layer scales through the fold; the new side scales the rows
-    (at 32 px every ConvNeXt-atto stage has fewer output values than fc2 has weights)."""
+    """--dwconv-aten-fwd and --fold-layer-scale: the base side's depthwise convs take the rule
+    of a build without reuse blocks and its layer scales go through the fold; the new side reads
+    the build as it is and scales the rows (at 32 px every ConvNeXt-atto stage has fewer output
+    values than fc2 has weights)."""
     from fusebench.fuse import layer_scale
+    from fusebench.fuse.fusions import dwconv
+    from fusebench.kernels.dwconv import cpu
     bench = load_benchmark("fusion_ab")
-    ks, calls = [], {"fold": 0, "scaled": 0}
-    rule = bench._grad_weight_only
-    monkeypatch.setattr(bench, "_grad_weight_only", lambda *a: ks.append(a[1]) or rule(*a))
+    reuse, calls = set(), {"fold": 0, "scaled": 0}
+    rule = dwconv._rule
+    monkeypatch.setattr(dwconv, "_rule", lambda *a: reuse.add((a[1], a[-1])) or rule(*a))
     for name in calls:
         real = getattr(layer_scale, name)
         monkeypatch.setattr(layer_scale, name, lambda *a, _n=name, _f=real, **k:
@@ -71,5 +74,5 @@ def test_the_depthwise_and_layer_scale_abs_change_the_base_side_only(capsys, mon
                        "--img", "32", "--batch", "2", "--rounds", "1", "--warmup", "0",
                        "--threads", "1"]) == 0
     assert "oneDNN's depthwise fwd + dx, layer scales folded" in capsys.readouterr().out
-    assert ks and set(ks) == {7}
+    assert reuse == {(7, False), (7, cpu.reuse_blocks())}
     assert calls["fold"] > 0 and calls["scaled"] > 0, calls

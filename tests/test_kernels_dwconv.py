@@ -156,10 +156,10 @@ class _Calls:
 @pytest.fixture
 def fresh_rule():
     """A rule read under a patched build is not kept, nor the shapes earlier tests ran."""
-    dwconv_fusion.passes_for.cache_clear()
+    dwconv_fusion._rule.cache_clear()
     dwconv_fusion._taken.clear()
     yield
-    dwconv_fusion.passes_for.cache_clear()
+    dwconv_fusion._rule.cache_clear()
     dwconv_fusion._taken.clear()
 
 
@@ -230,7 +230,7 @@ def test_reuse_blocks_follow_the_cpu():
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
 def test_aten_kept_where_measured_faster_and_said(fmt):
     """3x3 in either layout: aten's conv runs, with a warning (an event in a cell)."""
-    dwconv_fusion.passes_for.cache_clear()
+    dwconv_fusion._rule.cache_clear()
     model = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, groups=2))
     fuse(model, "train")
     with warnings.catch_warnings(record=True) as caught:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 
-def _per_row(gamma: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    return gamma.reshape(-1, *[1] * (w2.dim() - 1))
+def _along(gamma: torch.Tensor, t: torch.Tensor, cdim: int) -> torch.Tensor:
+    """gamma shaped to broadcast along t's channel dim cdim."""
+    return gamma.reshape(-1, *[1] * (t.dim() - 1 - cdim % t.dim()))
 
 
 def fold(w2, b2, gamma):
@@ -22,7 +23,7 @@ def fold(w2, b2, gamma):
     docs/fused.md, fortieth session)."""
     if gamma is None:
         return w2, b2
-    return w2 * _per_row(gamma, w2), None if b2 is None else b2 * gamma
+    return w2 * _along(gamma, w2, 0), None if b2 is None else b2 * gamma
 
 
 def unfold_grads(dw2f, db2f, w2, b2, gamma, gamma_shape) -> tuple[tuple, tuple]:
@@ -30,7 +31,7 @@ def unfold_grads(dw2f, db2f, w2, b2, gamma, gamma_shape) -> tuple[tuple, tuple]:
     if gamma is None:
         return ((dw2f, db2f) if b2 is not None else (dw2f,)), ()
     dgam = (dw2f * w2).flatten(1).sum(1) + (db2f * b2 if b2 is not None else 0)
-    dw2 = dw2f * _per_row(gamma, w2)
+    dw2 = dw2f * _along(gamma, w2, 0)
     return ((dw2, db2f * gamma) if b2 is not None else (dw2,)), (dgam.reshape(gamma_shape),)
 
 
@@ -42,11 +43,6 @@ def on_rows(w2: torch.Tensor, out_numel: int) -> bool:
     weight (the fold's [320, 1280] multiplies took 0.27 ms each in the 2-thread step, 2.9 ms of
     fold and unfold a step in all; docs/fused.md, forty-second session)."""
     return w2.numel() > out_numel
-
-
-def _along(gamma: torch.Tensor, t: torch.Tensor, cdim: int) -> torch.Tensor:
-    """gamma shaped to broadcast along t's channel dim cdim."""
-    return gamma.reshape(-1, *[1] * (t.dim() - 1 - cdim % t.dim()))
 
 
 def scaled(t, gamma, cdim: int, res=None):

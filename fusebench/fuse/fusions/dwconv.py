@@ -62,18 +62,23 @@ SAYS = {ALL: "all three passes ours", GRAD_WEIGHT: "our grad weight with oneDNN'
         "grad input", ATEN: "oneDNN's three"}
 
 
-@functools.cache
 def passes_for(channels_last: bool, k: int, stride: int, h: int, w: int) -> Passes:
-    """The measured rule (module docstring); says once per shape when aten keeps all of it."""
+    """The measured rule (module docstring) for this build (`cpu.reuse_blocks()`)."""
+    return _rule(channels_last, k, stride, h, w, cpu.reuse_blocks())
+
+
+@functools.cache
+def _rule(channels_last: bool, k: int, stride: int, h: int, w: int, reuse: bool) -> Passes:
+    """passes_for's, per shape and build flag; says once per shape when aten keeps all of it."""
     if k in (5, 7):              # our grad weight 0.9-9.6x oneDNN's (quiet, 1 and 2 threads)
-        passes = ALL if channels_last and cpu.reuse_blocks() else GRAD_WEIGHT
+        passes = ALL if channels_last and reuse else GRAD_WEIGHT
     else:
         why = ("ours per pass are 0.65-2.2x its speed, and no faster over a train step "
-               "(EfficientNet-B0 1.000-1.004x, docs/kernels.md)") if cpu.reuse_blocks() \
+               "(EfficientNet-B0 1.000-1.004x, docs/kernels.md)") if reuse \
             else "oneDNN's passes measured faster than ours (benchmarks/dwconv.py, quiet)"
         warnings.warn(f"dwconv: aten's depthwise conv kept for {k}x{k} stride {stride} at "
                       f"{h}x{w} ({'channels-last' if channels_last else 'NCHW'}): {why}",
-                      stacklevel=2)
+                      stacklevel=3)
         passes = ATEN
     _taken[(channels_last, k, stride, h, w)] = passes
     return passes

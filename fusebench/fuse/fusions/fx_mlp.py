@@ -188,10 +188,6 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
     both)."""
     fc_fwd, fc_bwd, fc_add, cdim = FC[fc].fwd, FC[fc].bwd, FC[fc].add, FC[fc].cdim
 
-    def rows_scaled(h0, w2, gamma) -> bool:      # layer_scale.on_rows for this call's output
-        return gamma is not None and \
-            layer_scale.on_rows(w2, h0.numel() // h0.shape[cdim] * w2.shape[FC[fc].odim])
-
     def unpack(groups):
         g1, g2, g3 = groups
         gamma = g3[0].reshape(-1) if g3 else None
@@ -205,7 +201,8 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         if p:
             g, mask = _dropout(g, p)
             saved = (keep, mask)
-        if rows_scaled(h0, w2, gamma):          # fc2's output kept unscaled for dgamma
+        if gamma is not None and layer_scale.on_rows(      # fc2's output kept for dgamma
+                w2, h0.numel() // h0.shape[cdim] * w2.shape[FC[fc].odim]):
             t = fc_fwd(g, w2, b2)
             return layer_scale.scaled(t, gamma, cdim, res), (*saved, t)
         if res is None:
@@ -216,7 +213,7 @@ def mlp_kernel(ba: BiasAct, fc: str, p: float = 0.0) -> MultiOpKernel:
         (kept, *rest), (b1, w2, b2, gamma) = saved, unpack(groups)
         drop = _dropped(rest[0] if p else None, p)
         gamma_shape = groups[2][0].shape if gamma is not None else None
-        on_rows = rows_scaled(kept, w2, gamma)   # kept has h0's rows, as forward decided on
+        on_rows = len(rest) > bool(p)           # forward saved fc2's unscaled output too
         if on_rows:
             dy, dgam = layer_scale.scaled_grads(dy, rest[-1], gamma, cdim, gamma_shape)
             w2f, b2f = w2, b2
