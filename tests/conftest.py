@@ -92,7 +92,7 @@ def site_calls(monkeypatch):
     monkeypatch.setattr(Site, "__call__", counted)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        # a measured choice, said once per shape (passes_for caches it per shape): whether it shows up
+        # a measured choice, said once per shape (passes_for caches it): whether it shows up
         # here depended on which test saw the shape first
         warnings.filterwarnings("ignore", message="dwconv: aten's depthwise conv kept")
         yield calls
