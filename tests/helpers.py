@@ -124,3 +124,13 @@ def _load(module: str, path: Path):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def interpreted_triton() -> None:
+    """Skip unless Triton can run our kernels interpreted on CPU tensors here: installed, and
+    an interpreter not among those measured to fail them (kernels/triton_support.py)."""
+    import pytest
+    pytest.importorskip("triton")
+    from fusebench.kernels.triton_support import interpreter_reason
+    if interpreter_reason():
+        pytest.skip(interpreter_reason())

@@ -287,3 +287,47 @@ def test_inductor_on_a_live_dropout_passes_through_its_twin():
     assert rec.status == "ok", rec.correctness
     assert rec.correctness.detail.count("(through a twin)") == 2
     assert "1 unique graphs compiled" in _messages(rec)
+
+
+# ----- subnormals flushed by something the cell loaded ----------------------------------------
+
+FLUSHING = ("import torch\n"
+            "class M(torch.nn.Module):\n"
+            "    # stands in for a library built with -ffast-math (torch 2.4's inductor kernels)\n"
+            "    def __init__(self):\n        super().__init__()\n"
+            "        self.fc = torch.nn.Linear(4, 4)\n"
+            "    def forward(self, x):\n"
+            "        torch.set_flush_denormal({flush})\n        return self.fc(x)\n"
+            "def make():\n    return M()\n"
+            "def example_inputs(b, device, dtype):\n"
+            "    return (torch.randn(b, 4, dtype=dtype),)\n")
+
+
+def test_flushes_subnormals_reads_the_cpus_mode():
+    import torch
+    from fusebench.measure.fpstate import flushes_subnormals
+    assert not flushes_subnormals()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        assert flushes_subnormals()
+    finally:
+        torch.set_flush_denormal(False)
+    assert not flushes_subnormals()
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_cell_that_leaves_subnormals_flushing_says_so(tmp_path, flush):
+    import torch
+    from fusebench.cell.worker import run
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    f = tmp_path / "flushing.py"
+    f.write_text(FLUSHING.format(flush=flush))
+    spec = CellSpec.for_model(f"{f}:make", "eager", batch_size=2, warmup=1, steps=2)
+    rec = run(spec.to_dict())
+    assert rec["status"] == "ok", rec.get("error")
+    said = [e["message"] for e in rec["events"] if e["category"] == "fp_state"]
+    assert len(said) == flush, rec["events"]
+    if flush:
+        assert "since the cell ran" in said[0] and "-ffast-math" in said[0]

@@ -14,7 +14,7 @@ import torch
 
 from fusebench.fuse import fuse
 from fusebench.models import create_model
-from tests.helpers import autograd_nodes
+from tests.helpers import autograd_nodes, interpreted_triton
 from tests.test_fuse_patterns import ASSETS
 
 AMP = torch.bfloat16
@@ -124,7 +124,7 @@ def test_triton_kernels_under_autocast(monkeypatch):
     CPU: bf16 activations against fp32 parameters, as autocast hands them over."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
+    interpreted_triton()
     impls = {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton", "bn_act": "triton"}
     ran = _check("tv_efficientnet", impls)
     assert any("bn_act_triton" in n for n in ran), ran
@@ -137,7 +137,7 @@ def test_triton_llama_kernels_under_autocast(monkeypatch):
     bf16 autocast."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton")
+    interpreted_triton()
     ran = _check("llama_torch_rmsnorm", {"glu": "triton", "rms_norm": "triton"})
     assert "glu_mlp[silu,triton]" in ran, ran
     assert "RMSNormTritonFunctionBackward" in ran, ran
@@ -172,7 +172,7 @@ def test_fused_bn_act_option_picks_the_kernel(value, kernel, monkeypatch):
 
 
 def test_fused_bn_act_triton_runs_it_or_says_why_not(monkeypatch):
-    pytest.importorskip("triton")
+    interpreted_triton()
     events, names = _prepare("triton", monkeypatch, interpret=True)
     assert ("info", "bn_act: kernel = 'triton'") in events
     assert any("bn_act_triton:silu" in n for n in names), names

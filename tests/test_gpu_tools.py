@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fusebench.results.document import load_records
-from tests.helpers import load_script
+from tests.helpers import interpreted_triton, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +73,7 @@ gk = load_script("gpu_kernels")
 
 
 def test_gpu_kernels_runs_every_impl_in_one_process(tmp_path, monkeypatch, capsys):
+    interpreted_triton()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     rc = gk.main([str(tmp_path), "--device", "cpu", "--families", "silu,bn_act",
                   "--dtypes", "float32", "--shape", "2,8,4,4", "--steps", "2"])
@@ -131,6 +132,7 @@ def test_gpu_mlp_checks_the_triton_blocks_and_says_when_they_are_off(monkeypatch
     import dataclasses
 
     from fusebench.fuse import mlp_blocks
+    interpreted_triton()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gpu_mlp = load_script("gpu_mlp")
     assert gpu_mlp.main(["--device", "cpu", "--small"]) == 0

@@ -10,6 +10,7 @@ from fusebench.cli import main
 from fusebench.errors import UsageError
 from fusebench.cell.kernel_cell import run_cell
 from fusebench.run.kernel_plan import KernelRequest, plan_kernel
+from tests.helpers import interpreted_triton
 
 SHAPE = "2,5,6,7"
 
@@ -208,6 +209,8 @@ def test_every_gn_act_impl_runs_as_a_cell_and_the_fused_ones_save_half(impl):
     """gn_act's impls take four arguments after x (weight, bias, groups, eps): the cell calls
     them; the kernel and the Function save x and the statistics, aten also its output."""
     from fusebench.spec import CellSpec
+    if impl == "triton":
+        interpreted_triton()
     r, aten = (run_cell(CellSpec.for_kernel("gn_act", i, [2, 64, 6, 5], "eager",
                                             direction="fwdbwd", dtype="float32", device="cpu",
                                             warmup=1, steps=2), lambda p: None)

@@ -261,7 +261,7 @@ def test_cli_silu_all_json(capsys):
     assert all(r["status"] in ("ok", "unavailable") for r in doc["records"]), doc["records"]
     assert by_impl["function"]["status"] == "ok" and by_impl["eager"]["status"] == "ok"
     assert by_impl["naive"]["activation_bytes"] == 2 * by_impl["function"]["activation_bytes"]
-    assert code == 0
+    assert code == (0 if all(r["status"] == "ok" for r in doc["records"]) else 1)
 
 
 # --- the cpu kernels as torch custom ops: traceable by aot_autograd and torch.compile ---

@@ -13,6 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fusebench.kernels.ln2d import triton as ln2d_triton
 from tests.test_kernels_ln2d import _impl, assert_close, run_and_compare
 
+pytestmark = pytest.mark.skipif(not ln2d_triton.available("cpu")[0],
+                                reason=ln2d_triton.available("cpu")[1] or "triton unavailable")
+
 # (shape, TARGET_PROGRAMS, REDUCE_BLOCK_R): target 1 puts every block of a sample in one
 # program; 3 leaves a ragged last program (1147 positions = 3 blocks of 512); reduce rows 2
 # makes the reduction loop over 3 partial rows with a masked tail; C=129 is 3 reduce programs

@@ -29,11 +29,13 @@ def _is_oom(exc: BaseException) -> bool:
 def run(spec_dict: dict) -> dict:
     from fusebench.errors import UsageError, first_line
     from fusebench.plugins import load_plugins
-    from fusebench.spec import CellSpec, ErrorInfo, Record
+    from fusebench.measure.fpstate import change_event, flushes_subnormals
+    from fusebench.spec import CellSpec, ErrorInfo, Event, Record
 
     spec = CellSpec.from_dict(spec_dict)
     threads = set_threads(spec.threads)
     reporter = Reporter()
+    flushed = flushes_subnormals()
     try:
         load_plugins()
         module = importlib.import_module(CELL_RUNNERS[spec.kind])
@@ -48,6 +50,9 @@ def run(spec_dict: dict) -> dict:
         rec = Record(ran_at(spec, reporter.facts), status,
                      error=ErrorInfo(etype, first)).to_dict()
     rec.setdefault("extra", {})["threads"] = threads
+    fp_state = change_event(flushed, flushes_subnormals())
+    if fp_state is not None:
+        rec.setdefault("events", []).append(Event("fp_state", "process", fp_state).to_dict())
     return rec
 
 

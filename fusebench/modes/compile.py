@@ -41,7 +41,25 @@ def cpp_compiler() -> str | None:
 def kernel_name(text: str) -> str:
     """'torch.ops.aten.convolution_backward.default' -> 'aten.convolution_backward'."""
     name = text.strip().removeprefix("torch.ops.")
+    if name == "None":
+        # torch 2.4 logs the hint before the kernel's name is set: the fallback is real, its
+        # op unnamed, and an event reading "None" would say neither
+        return "an aten op inductor did not name (torch < 2.5 logs None)"
     return name.removesuffix(".default")
+
+
+def _recompile(m) -> str | None:
+    """Why dynamo compiled this frame again, or None if it was the frame's first compile.
+    torch 2.4's metrics carry no reason, only the frame's cache entries matched before this
+    compile (dynamo's own test for a recompile: at least one)."""
+    if hasattr(m, "recompile_reason"):
+        return m.recompile_reason or None
+    entries = getattr(m, "cache_size", 0)
+    if not isinstance(entries, int) or entries < 1:
+        return None
+    return (f"'{m.co_name}' ({os.path.basename(m.co_filename)}:{m.co_firstlineno}) compiled "
+            f"again, cache entry {entries + 1}: this torch's compilation metrics give no "
+            "reason (TORCH_LOGS=recompiles prints it)")
 
 
 def _ids(objects) -> set[int]:
@@ -197,8 +215,9 @@ class Compile(Mode):
             for m in du.get_compilation_metrics():
                 if id(m) in not_ours:
                     continue
-                if getattr(m, "recompile_reason", None):
-                    events.add("recompile", "dynamo", m.recompile_reason)
+                recompile = _recompile(m)
+                if recompile:
+                    events.add("recompile", "dynamo", recompile)
                 if getattr(m, "fail_type", None):
                     # the run got here, so this frame ran in eager instead of compiled
                     reason = " ".join(str(m.fail_reason or "").split())

@@ -43,36 +43,63 @@ def _wrap_refresh(fn):
     return refresh_packet
 
 
+def _keep_packets(op_defs) -> None:
+    for qualname in op_defs:                         # "ns::name.overload"
+        ns, _, rest = qualname.partition("::")
+        namespace = torch.ops.__dict__.get(ns)
+        packet = namespace.__dict__.get(rest.split(".")[0]) if namespace else None
+        _keep(getattr(packet, "_op", None))
+
+
 def _wrap_clear(fn):
     @functools.wraps(fn)
     def clear_torch_ops_cache(op_defs):
-        for qualname in op_defs:                         # "ns::name.overload"
-            ns, _, rest = qualname.partition("::")
-            namespace = torch.ops.__dict__.get(ns)
-            packet = namespace.__dict__.get(rest.split(".")[0]) if namespace else None
-            _keep(getattr(packet, "_op", None))
+        _keep_packets(op_defs)
         return fn(op_defs)
     return clear_torch_ops_cache
 
 
-# (module, attribute, wrapper): each patched at most once per process
+def _wrap_destroy(fn):
+    @functools.wraps(fn)
+    def _destroy(self):
+        _keep_packets(self._op_defs)
+        return fn(self)
+    return _destroy
+
+
+# Each hook: its places in torch, newest first (module, attribute path, wrapper); the first
+# one present is patched, at most once per process. Teardown drops packets in
+# `_clear_torch_ops_cache` (also on a Library's garbage collection) where torch has it, and
+# inline in `Library._destroy` before that (torch 2.4).
 _HOOKS = (
-    ("torch.jit._builtins", "_register_builtin", _wrap_register),
-    ("torch._ops", "_refresh_packet", _wrap_refresh),
-    ("torch.library", "_clear_torch_ops_cache", _wrap_clear),
+    (("torch.jit._builtins", "_register_builtin", _wrap_register),),
+    (("torch._ops", "_refresh_packet", _wrap_refresh),),
+    (("torch.library", "_clear_torch_ops_cache", _wrap_clear),
+     ("torch.library", "Library._destroy", _wrap_destroy)),
 )
+
+
+def _place(module: str, path: str):
+    """(the object holding the attribute, its name, the callable there) or None."""
+    import importlib
+    owner = importlib.import_module(module)
+    *outer, attr = path.split(".")
+    for name in outer:
+        owner = getattr(owner, name, None)
+    fn = getattr(owner, attr, None)
+    return (owner, attr, fn) if callable(fn) else None
 
 
 @functools.cache
 def install() -> bool:
-    import importlib
     targets = []
-    for module, attr, wrap in _HOOKS:
-        mod = importlib.import_module(module)
-        fn = getattr(mod, attr, None)
-        if not callable(fn):
+    for places in _HOOKS:
+        found = next(((p, wrap) for *where, wrap in places
+                      if (p := _place(*where)) is not None), None)
+        if found is None:
             return False
-        targets.append((mod, attr, wrap(fn)))
-    for mod, attr, wrapped in targets:
-        setattr(mod, attr, wrapped)
+        (owner, attr, fn), wrap = found
+        targets.append((owner, attr, wrap(fn)))
+    for owner, attr, wrapped in targets:
+        setattr(owner, attr, wrapped)
     return True

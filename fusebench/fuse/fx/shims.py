@@ -8,6 +8,11 @@
   with the hidden states' dtype, Stable Diffusion's `-torch.finfo(sim.dtype).max`) fails
   ("a traced dtype is no dtype"): `torch.finfo(proxy)` gives an object whose `.min`, `.max`,
   `.eps`, `.tiny`, ... are graph nodes that read them from the dtype at run time.
+- A traced value inside a size tuple or as a keyword: `torch.full((T, T), -inf,
+  device=x.device)` (HF's causal masks). Newer torch hands such a call to fx itself; torch 2.4's
+  argument parser looks only at top-level positional arguments and refuses it ("full() received
+  an invalid combination of arguments"), so the factories record the call themselves, the node
+  fx would record.
 Each shim acts only on a Proxy argument; any other call is torch's own."""
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import torch.fx as fx
 
 # torch factories whose sizes may come as varargs or as one sequence
 SIZE_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+# and those that take a size (or bounds) one way, whose device/dtype keywords may be traced
+OTHER_FACTORIES = ("full", "arange", "eye")
 
 
 def finfo_of(dtype, name: str):
@@ -50,12 +57,28 @@ class _TracedFinfo:
         return self._dtype.tracer.create_proxy("call_function", finfo_of, (self._dtype, name), {})
 
 
-def _packing(fn):
+def _proxy_in(value) -> fx.Proxy | None:
+    """The first Proxy in value, looking inside tuples, lists and dicts."""
+    if isinstance(value, fx.Proxy):
+        return value
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, (tuple, list, dict)):
+        for item in items:
+            found = _proxy_in(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _recording(fn, packs_sizes: bool):
     @functools.wraps(fn)
-    def call(*sizes, **kwargs):
-        if len(sizes) > 1 and any(isinstance(s, fx.Proxy) for s in sizes):
-            return fn(sizes, **kwargs)
-        return fn(*sizes, **kwargs)
+    def call(*args, **kwargs):
+        if packs_sizes and len(args) > 1 and any(isinstance(s, fx.Proxy) for s in args):
+            args = (args,)
+        proxy = _proxy_in((args, kwargs))
+        if proxy is None:
+            return fn(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
     return call
 
 
@@ -70,10 +93,10 @@ def _finfo(real):
 @contextlib.contextmanager
 def installed():
     """For a trace: the shims above in place of torch's functions, torch's own after."""
-    kept = {name: getattr(torch, name) for name in (*SIZE_FACTORIES, "finfo")}
+    kept = {name: getattr(torch, name) for name in (*SIZE_FACTORIES, *OTHER_FACTORIES, "finfo")}
     try:
-        for name in SIZE_FACTORIES:
-            setattr(torch, name, _packing(kept[name]))
+        for name in (*SIZE_FACTORIES, *OTHER_FACTORIES):
+            setattr(torch, name, _recording(kept[name], name in SIZE_FACTORIES))
         torch.finfo = _finfo(kept["finfo"])
         yield
     finally:
