@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -63,3 +64,43 @@ def test_wheel_runs_env_and_a_cpp_kernel_cell(wheel_venv, tmp_path):
              "--steps", "2", "--json", "--no-save"], cwd=tmp_path, env=env, timeout=600)
     (rec,) = json.loads(r.stdout)["records"]
     assert rec["status"] == "ok", rec
+
+
+def _declared() -> set[str]:
+    """Distribution names pyproject.toml asks for, extras included (read as text: tomllib
+    is not in Python 3.10, which pyproject allows)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text[text.index("\ndependencies = ["):text.index("[project.scripts]")]
+    block = re.sub(r"#.*", "", block)          # every string left is a requirement
+    listed = re.findall(r'"([A-Za-z0-9_.\-]+)[^"]*"', block)
+    return {_norm(name) for name in listed}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def test_every_package_fusebench_imports_is_declared():
+    """A package the code imports that only arrives as someone else's dependency (click via
+    typer, typing_extensions via torch) breaks the day that someone drops it: each top-level
+    import outside the standard library is a declared dependency or extra."""
+    import ast
+    from importlib import metadata
+    owners = metadata.packages_distributions()
+    undeclared = {}
+    for path in sorted((ROOT / "fusebench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "fusebench":
+                    continue
+                dists = {_norm(d) for d in owners.get(top, [top])}   # not installed: its name
+                if not dists & _declared():
+                    undeclared.setdefault(top, str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported, not declared in pyproject.toml: {undeclared}"
