@@ -44,7 +44,7 @@ def kernel_name(text: str) -> str:
     if name == "None":
         # torch 2.4 logs the hint before the kernel's name is set: the fallback is real, its
         # op unnamed, and an event reading "None" would say neither
-        return "an aten op inductor did not name (torch < 2.5 logs None)"
+        return "an aten op inductor did not name (torch 2.4 logs None)"
     return name.removesuffix(".default")
 
 
