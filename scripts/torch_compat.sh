@@ -3,12 +3,12 @@
 # venv with that torch and what it brings (torch 2.4.1 pins triton 3.0.0), a fresh kernel cache,
 # then the README's install and test command, and one `run --quick` whose cells all must finish.
 #   bash scripts/torch_compat.sh 2.4.1 [DIR]                  # DIR: the clone and the logs
-#   PYTHON=python3.10 bash scripts/torch_compat.sh 2.13.0     # the oldest Python pyproject allows
+#   PYTHON=/path/to/python3.10 bash scripts/torch_compat.sh 2.13.0   # the oldest Python allowed
 # Prints the versions it got and the suite's summary line; exit code: the suite's.
 set -u -o pipefail
 VERSION=${1:?usage: torch_compat.sh TORCH_VERSION [DIR]}
 PYTHON=${PYTHON:-python3}
-DIR=${2:-/tmp/fusebench-torch-$VERSION-$PYTHON}
+DIR=${2:-/tmp/fusebench-torch-$VERSION-$(basename "$PYTHON")}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }   # the local index's notices
 rm -rf "$DIR" && mkdir -p "$DIR"

@@ -21,10 +21,14 @@ from pydantic_core import to_json
 
 def _quoted_chars() -> frozenset[str]:
     """The characters that make csv.writer (QUOTE_MINIMAL, lineterminator "\\n", as pandas
-    uses it) quote a field, asked of this Python's csv module (3.13 added "\\r")."""
+    uses it) quote a field, asked of this Python's csv module (3.13 added "\\r"). Python 3.10's
+    refuses a NUL in any field ("need to escape"); we write it as 3.11+ does, as it is."""
     def quoted(c: str) -> bool:
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow([f"a{c}b", "x"])
+        try:
+            csv.writer(buf, lineterminator="\n").writerow([f"a{c}b", "x"])
+        except csv.Error:
+            return False
         return buf.getvalue().startswith('"')
     return frozenset(c for c in map(chr, range(128)) if quoted(c))
 
