@@ -99,6 +99,25 @@ def test_bias_gelu_tanh(name):
     assert_close(errs, 1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in list_impls("bias_gelu") if n in ("cpu", "triton")])
+def test_bias_gelu_tanh_derivative_does_not_cancel_in_the_tails(name):
+    """Our kernels' own tanh-GELU math (cpu_math.h's Act<kGeluTanh>, kernels/_triton_math.py,
+    shared by bn_act, gn_act and glu): 1 + tanh(u) and 1 - tanh(u)^2 taken from tanh itself
+    subtract numbers near 1 in float32 (off by 1e-6 at |x| > 3, aten's too, 2e-6 in the Triton
+    kernel's old 2 sigmoid - 1 spelling); from exp(-2|u|) they do not (1.4e-7 measured)."""
+    fn = _impl("bias_gelu", name)
+    x = torch.cat([torch.linspace(-12, -3, 9001), torch.linspace(3, 12, 9001)])
+    x = x.reshape(1, 1, 1, -1).requires_grad_()
+    (dx,) = torch.autograd.grad(fn(x, torch.zeros(1), approximate="tanh").sum(), x)
+    xd = x.detach().double()
+    k = (2 / torch.pi) ** 0.5
+    th = torch.tanh(k * (xd + 0.044715 * xd ** 3))
+    ref = 0.5 * (1 + th) + 0.5 * xd * (1 - th * th) * k * (1 + 3 * 0.044715 * xd * xd)
+    aten = torch.ops.aten.gelu_backward(torch.ones_like(x), x.detach(), approximate="tanh")
+    ours, theirs = ((t.double() - ref).abs().max().item() for t in (dx, aten))
+    assert ours <= 0.5 * theirs, (ours, theirs)
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_bfloat16(case, channels_last):

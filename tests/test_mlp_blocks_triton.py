@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fusebench.fuse import fuse, mlp_blocks  # noqa: E402
@@ -62,6 +62,9 @@ def _errors(got, exp):
 @given(rows=st.integers(1, 70), c=st.integers(1, 40), h=st.integers(1, 80),
        o=st.integers(1, 40), has_b2=st.booleans(), has_res=st.booleans(), tanh=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.float16]))
+# drawn on Python 3.12 (any Python fails it): dx 4.9x torch's error while the Triton tanh GELU's
+# derivative took 1 - t^2 from t (kernels/_triton_math.py)
+@example(rows=44, c=26, h=44, o=20, has_b2=True, has_res=True, tanh=True, dtype=torch.float32)
 def test_the_kernel_is_as_close_to_float64_as_torchs_own_mlp(rows, c, h, o, has_b2, has_res,
                                                               tanh, dtype):
     """Forward and every gradient, against float64, no further off than torch's MLP in the same

@@ -154,23 +154,32 @@ template <> struct Act<kGelu> {  // exact (erf)
 };
 template <> struct Act<kGeluTanh> {  // tanh approximation
   static constexpr bool kCostly = true;
-  template <typename A> static A t(A z) {
-    return tanh_(A(0.7978845608028654) * (z + A(0.044715) * z * z * z));  // sqrt(2 / pi)
+  template <typename A> static A u(A z) {
+    return A(0.7978845608028654) * (z + A(0.044715) * z * z * z);  // sqrt(2 / pi)
   }
-  // float: tanh(|u|) = (1 - e) / (1 + e), e = exp(-2|u|) <= 1, inline (libmvec's tanhf is a
-  // call per 8 lanes, as erff was). 1 - e cancels at small |u|: the absolute error stays
-  // ~1e-7, which is all GELU needs (it adds tanh to 1); not a general-purpose tanh.
-  static float t(float z) {
-    const float u = 0.7978845608028654f * (z + 0.044715f * z * z * z);
-    const float e = exp_nonpos(-2.f * std::fabs(u));
-    const float th = std::copysign((1.f - e) / (1.f + e), u);
-    return __builtin_isunordered(u, u) ? u : th;
-  }
-  template <typename A> static A f(A z) { return A(0.5) * z * (A(1) + t(z)); }
+  template <typename A> static A f(A z) { return A(0.5) * z * (A(1) + tanh_(u(z))); }
   template <typename A> static A d(A z) {
-    const A th = t(z);
+    const A th = tanh_(u(z));
     return A(0.5) * (A(1) + th) +
            A(0.5) * z * (A(1) - th * th) * A(0.7978845608028654) * (A(1) + A(0.134145) * z * z);
+  }
+  // float: the halves of tanh that do not cancel, inline (libmvec's tanhf is a call per 8
+  // lanes, as erff was). e = exp(-2|u|) <= 1, r = 1 / (1 + e): (1 + tanh u) / 2 is r for u >= 0
+  // and e r below, 1 - tanh(u)^2 is 4 e r^2. 1 + t and 1 - t^2 from t itself subtract numbers
+  // near 1: the derivative was off by up to 1.0e-6 at |z| in [3, 12] (as aten's tanh form),
+  // this way by 1.3e-7 (docs/kernels.md, "GELU's tanh form"), and no slower. NaN: exp_nonpos
+  // drops it (e = 0), but u is NaN only where z is, and both f and d multiply by z.
+  struct Halves { float half_1p, sech2; };
+  static Halves halves(float z) {
+    const float v = u(z);
+    const float e = exp_nonpos(-2.f * std::fabs(v));
+    const float r = 1.f / (1.f + e), er = e * r;
+    return {v >= 0.f ? r : er, 4.f * er * r};
+  }
+  static float f(float z) { return z * halves(z).half_1p; }
+  static float d(float z) {
+    const Halves h = halves(z);
+    return h.half_1p + 0.5f * z * h.sech2 * 0.7978845608028654f * (1.f + 0.134145f * z * z);
   }
 };
 

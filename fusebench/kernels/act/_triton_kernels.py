@@ -8,26 +8,21 @@ per-channel reductions (dbias, sum_hw(dy * x)) come out as one partial row per p
 import triton
 import triton.language as tl
 
-@triton.jit
-def _tanh(v):
-    return 2.0 * tl.sigmoid(2.0 * v) - 1.0
+from fusebench.kernels._triton_math import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
 
 
 @triton.jit
 def _gelu(v, TANH: tl.constexpr):
     if TANH:
-        return 0.5 * v * (1.0 + _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-    return 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+        return gelu_tanh(v)
+    return gelu_erf(v)
 
 
 @triton.jit
 def _gelu_grad(v, TANH: tl.constexpr):
     if TANH:
-        t = _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))
-        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (
-            1.0 + 0.134145 * v * v)
-    cdf = 0.5 * (1.0 + tl.math.erf(v * 0.7071067811865476))
-    return cdf + v * 0.3989422804014327 * tl.exp(-0.5 * v * v)
+        return gelu_tanh_grad(v)
+    return gelu_erf_grad(v)
 
 
 @triton.jit

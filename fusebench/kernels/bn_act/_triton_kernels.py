@@ -19,6 +19,8 @@ so callers without one (gn_act) launch these kernels as before."""
 import triton
 import triton.language as tl
 
+from fusebench.kernels._triton_math import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+
 SILU, RELU, GELU, GELU_TANH, IDENTITY, RELU6, HARDSWISH = 0, 1, 2, 3, 4, 5, 6  # cpu.py's ACT_CODES
 
 
@@ -29,7 +31,7 @@ def _act(z, ACT: tl.constexpr):
     elif ACT == 1:
         return tl.maximum(z, 0.0)
     elif ACT == 2:
-        return 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        return gelu_erf(z)
     elif ACT == 4:
         return z
     elif ACT == 5:
@@ -37,8 +39,7 @@ def _act(z, ACT: tl.constexpr):
     elif ACT == 6:
         return z * tl.minimum(tl.maximum(z + 3.0, 0.0), 6.0) / 6.0
     else:
-        t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
-        return 0.5 * z * (1.0 + t)
+        return gelu_tanh(z)
 
 
 @triton.jit
@@ -55,12 +56,9 @@ def _act_grad(z, ACT: tl.constexpr):
     elif ACT == 6:                      # aten's hardswish_backward
         return tl.where(z < -3.0, 0.0, tl.where(z <= 3.0, z / 3.0 + 0.5, 1.0))
     elif ACT == 2:
-        cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
-        return cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
+        return gelu_erf_grad(z)
     else:
-        t = 2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z)) - 1.0
-        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (
-            1.0 + 0.134145 * z * z)
+        return gelu_tanh_grad(z)
 
 
 @triton.jit
