@@ -32,14 +32,27 @@ class EventLog:
 
     @contextlib.contextmanager
     def capture_warnings(self):
-        """Record every Python warning (all categories, every occurrence) raised inside."""
-        with warnings.catch_warnings(record=True) as caught:
+        """Record every Python warning (all categories, every occurrence) raised inside. One
+        raised by a module's own top-level code as it is first imported says which module: a
+        compile cell's 14 `torch.jit.script_method` deprecations come from inductor importing
+        torch.utils.mkldnn, not from TorchScript running, and the warning's own file and line
+        (torch/jit/_script.py) cannot tell those apart."""
+        caught: list[tuple[warnings.WarningMessage, str | None]] = []
+
+        def keep(message, category, filename, lineno, file=None, line=None):
+            caught.append((warnings.WarningMessage(message, category, filename, lineno),
+                           importing_module(sys._getframe(1))))
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = keep         # restored by catch_warnings on the way out
             try:
                 yield
             finally:
-                for w in caught:
-                    self.add("warning", f"python:{w.category.__name__}", w.message)
+                for w, module in caught:
+                    where = f" (raised while importing {module})" if module else ""
+                    self.add("warning", f"python:{w.category.__name__}",
+                             first_line(w.message, max(100, 300 - len(where))) + where)
 
     @contextlib.contextmanager
     def capture_stderr(self):
@@ -61,6 +74,18 @@ class EventLog:
                     os.write(2, text.encode())
                 for category, msg in parse_stderr(text):
                     self.add(category, "stderr", msg)
+
+
+def importing_module(frame) -> str | None:
+    """The module whose top-level code is running as it is imported, innermost first, if
+    `frame` is inside one: a `<module>` frame called by importlib's bootstrap."""
+    while frame is not None:
+        back = frame.f_back
+        if (frame.f_code.co_name == "<module>" and back is not None
+                and back.f_code.co_filename.startswith("<frozen importlib")):
+            return frame.f_globals.get("__name__")
+        frame = back
+    return None
 
 
 # C++ warnings look like "[W1130 10:58:36.123 file.cpp:42] Warning: ..." or "UserWarning: ...".
