@@ -37,11 +37,10 @@ class EventLog:
         compile cell's 14 `torch.jit.script_method` deprecations come from inductor importing
         torch.utils.mkldnn, not from TorchScript running, and the warning's own file and line
         (torch/jit/_script.py) cannot tell those apart."""
-        caught: list[tuple[warnings.WarningMessage, str | None]] = []
+        caught: list[tuple[type, object, str | None]] = []
 
         def keep(message, category, filename, lineno, file=None, line=None):
-            caught.append((warnings.WarningMessage(message, category, filename, lineno),
-                           importing_module(sys._getframe(1))))
+            caught.append((category, message, importing_module(sys._getframe(1))))
 
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -49,10 +48,10 @@ class EventLog:
             try:
                 yield
             finally:
-                for w, module in caught:
+                for category, message, module in caught:
                     where = f" (raised while importing {module})" if module else ""
-                    self.add("warning", f"python:{w.category.__name__}",
-                             first_line(w.message, max(100, 300 - len(where))) + where)
+                    self.add("warning", f"python:{category.__name__}",
+                             first_line(message, max(100, 300 - len(where))) + where)
 
     @contextlib.contextmanager
     def capture_stderr(self):
@@ -77,8 +76,8 @@ class EventLog:
 
 
 def importing_module(frame) -> str | None:
-    """The module whose top-level code is running as it is imported, innermost first, if
-    `frame` is inside one: a `<module>` frame called by importlib's bootstrap."""
+    """The innermost module whose top-level code `frame` runs inside as the module is imported:
+    a `<module>` frame called by importlib's bootstrap; None outside any."""
     while frame is not None:
         back = frame.f_back
         if (frame.f_code.co_name == "<module>" and back is not None
