@@ -8,7 +8,8 @@ per-channel reductions (dbias, sum_hw(dy * x)) come out as one partial row per p
 import triton
 import triton.language as tl
 
-from fusebench.kernels._triton_math import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from fusebench.kernels._triton_math import (gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad,
+                                             silu_grad)
 
 
 @triton.jit
@@ -39,8 +40,7 @@ def silu_bwd_kernel(DY, X, DX, n, BLOCK: tl.constexpr):
     m = offs < n
     x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=m, other=0.0).to(tl.float32)
-    s = tl.sigmoid(x)
-    tl.store(DX + offs, (dy * s * (1.0 + x * (1.0 - s))).to(DX.dtype.element_ty), mask=m)
+    tl.store(DX + offs, (dy * silu_grad(x)).to(DX.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -133,8 +133,7 @@ def _glu_act(z, ACT: tl.constexpr):
 @triton.jit
 def _glu_act_grad(z, ACT: tl.constexpr):
     if ACT == 0:
-        s = tl.sigmoid(z)
-        return s * (1.0 + z * (1.0 - s))
+        return silu_grad(z)
     if ACT == 1:
         return tl.where(z > 0, 1.0, 0.0)
     return _gelu_grad(z, ACT == 3)

@@ -65,9 +65,7 @@ template <typename T, typename A>
 void silu_grad_span(const T* __restrict dy, const T* __restrict x, T* __restrict dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const A v = static_cast<A>(x[i]);
-    const A s = sigmoid(v);
-    dx[i] = static_cast<T>(static_cast<A>(dy[i]) * s * (A(1) + v * (A(1) - s)));
+    dx[i] = static_cast<T>(static_cast<A>(dy[i]) * Act<kSilu>::d(static_cast<A>(x[i])));
   }
 }
 

@@ -19,7 +19,8 @@ so callers without one (gn_act) launch these kernels as before."""
 import triton
 import triton.language as tl
 
-from fusebench.kernels._triton_math import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from fusebench.kernels._triton_math import (gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad,
+                                             silu_grad)
 
 SILU, RELU, GELU, GELU_TANH, IDENTITY, RELU6, HARDSWISH = 0, 1, 2, 3, 4, 5, 6  # cpu.py's ACT_CODES
 
@@ -45,8 +46,7 @@ def _act(z, ACT: tl.constexpr):
 @triton.jit
 def _act_grad(z, ACT: tl.constexpr):
     if ACT == 0:
-        s = tl.sigmoid(z)
-        return s * (1.0 + z * (1.0 - s))
+        return silu_grad(z)
     elif ACT == 1:
         return tl.where(z > 0.0, 1.0, 0.0)
     elif ACT == 4:
