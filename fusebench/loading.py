@@ -56,6 +56,9 @@ def _where(e: BaseException, resolved: Path) -> str:
     return f":{lines[-1]}" if lines else ""
 
 
+USER_MODULE_PREFIX = "fusebench_user_"    # import_file's module names: prefix, stem, digest
+
+
 def import_file(path: Path, what: str) -> ModuleType:
     """Import a .py file under a unique module name (two files named model.py coexist), kept in
     sys.modules (dataclasses and pickling in the file need it), so a second load is the same
@@ -67,7 +70,7 @@ def import_file(path: Path, what: str) -> ModuleType:
         raise UsageError(f"{what}: {path} not found (no such file)")
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    mod_name = f"fusebench_user_{resolved.stem}_{digest}"
+    mod_name = f"{USER_MODULE_PREFIX}{resolved.stem}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, resolved)

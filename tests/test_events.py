@@ -55,3 +55,20 @@ def test_a_long_message_is_cut_before_the_module_is_named(package):
     short, long = log.events()
     assert short.message == "x" * 300                       # first_line's cut
     assert long.message == "y" * 265 + " (raised while importing wpkg.long)"
+
+
+def test_a_users_file_is_named_by_its_file_name(tmp_path, monkeypatch):
+    """`run my_model.py:make` imports the file under a unique module name; the event names the
+    file the user wrote."""
+    from fusebench.loading import import_file
+    monkeypatch.setattr(sys, "path", list(sys.path))        # import_file appends the folder
+    path = tmp_path / "my_model.py"
+    path.write_text("import warnings\nwarnings.warn('old config format', UserWarning)\n")
+    log = EventLog()
+    with log.capture_warnings():
+        module = import_file(path, "model 'my_model.py:make'")
+    try:
+        assert [e.message for e in log.events()] == [
+            "old config format (raised while importing my_model.py)"]
+    finally:
+        sys.modules.pop(module.__name__, None)

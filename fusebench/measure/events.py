@@ -13,6 +13,7 @@ import warnings
 from collections import OrderedDict
 
 from fusebench.errors import first_line
+from fusebench.loading import USER_MODULE_PREFIX
 from fusebench.spec import Event
 
 
@@ -77,12 +78,17 @@ class EventLog:
 
 def importing_module(frame) -> str | None:
     """The innermost module whose top-level code `frame` runs inside as the module is imported:
-    a `<module>` frame called by importlib's bootstrap; None outside any."""
+    a `<module>` frame called by importlib's bootstrap; None outside any. A user's file loaded
+    by path (`run my_model.py:make`) is named by its file name, not the unique module name
+    it is imported under."""
     while frame is not None:
         back = frame.f_back
         if (frame.f_code.co_name == "<module>" and back is not None
                 and back.f_code.co_filename.startswith("<frozen importlib")):
-            return frame.f_globals.get("__name__")
+            name = frame.f_globals.get("__name__")
+            if name and name.startswith(USER_MODULE_PREFIX):
+                return os.path.basename(frame.f_globals.get("__file__") or name)
+            return name
         frame = back
     return None
 
