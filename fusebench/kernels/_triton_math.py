@@ -14,12 +14,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _gelu_tanh_halves(z):
-    """((1 + tanh u) / 2, 1 - tanh(u)^2) for GELU's u, neither by a difference near 1."""
-    u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-    e = tl.exp(-2.0 * tl.abs(u))
+def _sigmoid_pair(v):
+    """(sigmoid(v), sigmoid(-v)) from one exp, the second not as 1 - sigmoid(v)."""
+    e = tl.exp(-tl.abs(v))
     r = 1.0 / (1.0 + e)
-    return tl.where(u >= 0.0, r, e * r), 4.0 * e * r * r
+    er = e * r
+    return tl.where(v >= 0.0, r, er), tl.where(v >= 0.0, er, r)
+
+
+@triton.jit
+def _gelu_tanh_halves(z):
+    """((1 + tanh u) / 2, 1 - tanh(u)^2) for GELU's u: sigmoid(2u), 4 sigmoid(2u) sigmoid(-2u)."""
+    s, ms = _sigmoid_pair(2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z))
+    return s, 4.0 * s * ms
 
 
 @triton.jit
@@ -47,7 +54,5 @@ def gelu_erf_grad(z):
 
 @triton.jit
 def silu_grad(z):
-    e = tl.exp(-tl.abs(z))
-    r = 1.0 / (1.0 + e)
-    er = e * r
-    return tl.where(z >= 0.0, r, er) * (1.0 + z * tl.where(z >= 0.0, er, r))
+    s, ms = _sigmoid_pair(z)
+    return s * (1.0 + z * ms)
