@@ -14,7 +14,6 @@ after a warm-up: the median per-round eager/other ratio with a 95% bootstrap int
 bytes each saves for backward. Measure on a quiet machine: the load is printed before and after."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -27,21 +26,14 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import hf_llama  # noqa: E402
-from paired_rounds import against_site  # noqa: E402
+from paired_rounds import against_site, asset_args  # noqa: E402
 
 BATCH = {"bench": 8, "tiny": 2}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--size", default="bench", choices=sorted(BATCH))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    print(f"threads {args.threads}; load {os.getloadavg()[0]:.2f}")
-    torch.manual_seed(0)
-    model, batch = hf_llama.make(args.size), BATCH[args.size]
+    args = asset_args(__doc__, BATCH, argv)
+    model, batch = hf_llama.make(args.size), args.batch
     (ids,) = model.example_inputs(batch, "cpu", torch.float32)
 
     def step(m, inputs):

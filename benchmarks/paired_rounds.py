@@ -84,6 +84,25 @@ def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str)
               f"({mib[k] / mib['eager']:.2f}x)", flush=True)
 
 
+def asset_args(doc: str, batches: dict[str, int], argv=None) -> argparse.Namespace:
+    """`--threads N --rounds N --size NAME` of the benchmarks that time one test asset against
+    its fused twin (hf_llama.py, conformer.py, pointnet.py): parsed, torch's thread count set,
+    the load printed and the seed fixed; `batches` maps each size to its batch (args.batch)."""
+    import os
+
+    import torch
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--size", default="bench", choices=sorted(batches))
+    args = ap.parse_args(argv)
+    args.batch = batches[args.size]
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}; load {os.getloadavg()[0]:.2f}")
+    torch.manual_seed(0)
+    return args
+
+
 def shape_args(doc: str, shapes: dict, rounds: int, argv=None) -> tuple[list[str], list[int], int]:
     """(shape sets, thread counts, rounds) from `--shapes a,b --threads 1,2 --rounds N`, the
     arguments of the per-shape benchmarks (patchify.py, mlp_blocks.py); a bad one exits 2."""

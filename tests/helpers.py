@@ -41,11 +41,13 @@ def autograd_nodes(y):
 def assert_matches_eager(model, ref, inputs, tol=1e-9, call=None):
     """One forward + backward of model (through `call`, e.g. a mode's prepared callable, when
     given) and its eager reference on the same inputs: outputs and every parameter's gradient
-    agree within tol. Returns the model's output."""
+    agree within tol. Returns the model's output (its first tensor, as the cells' loss takes
+    it: a torchaudio-style `(output, lengths)`)."""
     import torch
 
+    from fusebench.cell.model_step import first_tensor
     from fusebench.measure import correctness as corr
-    y, r = (call or model)(*inputs), ref(*inputs)
+    y, r = first_tensor((call or model)(*inputs)), first_tensor(ref(*inputs))
     torch.testing.assert_close(y, r, atol=tol, rtol=tol)
     y.square().mean().backward()
     r.square().mean().backward()

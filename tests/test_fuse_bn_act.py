@@ -138,3 +138,79 @@ def test_bfloat16_runs_eagers_batch_norm_and_act_and_says_so(built):
     assert not kernel_names(y)
     torch.testing.assert_close(y, eager(x), rtol=0, atol=0)
     torch.testing.assert_close(model[1].running_var, eager[1].running_var, rtol=0, atol=0)
+
+
+class PointNetish(nn.Module):
+    """BatchNorm1d as point-cloud and audio code writes it: Conv1d -> BatchNorm1d -> act over
+    (N, C, L); over a transposed (N, L, C) ("nlc": channels-last rows); and on (N, C) rows
+    after a max over the points (F.relu(bn(x)) as PointNet's head writes it, the Linear after)."""
+
+    def __init__(self, layout: str):
+        super().__init__()
+        self.layout = layout
+        self.c1, self.b1 = nn.Conv1d(3, 8, 1), nn.BatchNorm1d(8)
+        self.c2, self.b2 = nn.Conv1d(8, 12, 3, padding=1), nn.BatchNorm1d(12)
+        if layout == "nlc":
+            self.lin, self.b3 = nn.Linear(12, 12), nn.BatchNorm1d(12)
+        self.b4, self.head = nn.BatchNorm1d(12), nn.Linear(12, 5)
+
+    def forward(self, x):                                    # (N, 3, L)
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.silu(self.b2(self.c2(x)))
+        if self.layout == "nlc":
+            x = F.gelu(self.b3(self.lin(x.transpose(1, 2)).transpose(1, 2)))
+        x = F.relu(self.b4(x.amax(-1)))                      # (N, C) rows
+        return self.head(x)
+
+
+@pytest.mark.parametrize("layout", ["ncl", "nlc"])
+def test_batchnorm1d_runs_the_kernel_over_its_input_viewed_as_an_image(built, layout):
+    """(N, C, L) as (N, C, L, 1), a transposed one as channels-last rows, (N, C) as (1, C, N,
+    1): the kernel's own statistics are the batch norm's over N [and L]; outputs, gradients and
+    running statistics as eager's for two steps."""
+    torch.manual_seed(0)
+    model = PointNetish(layout).double().train()
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm1d)):
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    ref = copy.deepcopy(model)
+    n = 3 + (layout == "nlc")
+    assert fuse(model, "train").sites == {"bn_act": n}
+    x = torch.randn(4, 3, 10, dtype=torch.float64)
+    for _ in range(2):
+        model.zero_grad()
+        ref.zero_grad()
+        y = step(model, ref, x, 1e-9)
+    acts = ["relu", "silu", "relu", *(["gelu"] if layout == "nlc" else [])]
+    assert sorted(kernel_names(y)) == sorted(f"bn_act[bn_act_cpu:{a}]" for a in acts)
+
+
+def test_a_batchnorm1d_after_a_linear_is_left_to_aten_with_the_reason():
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    result = fuse(model, "train")
+    assert not result.sites
+    assert any(k == "not_fused" and "a BatchNorm1d on a Linear's (N, C) rows" in m
+               for k, m in result.notes), result.notes
+
+
+def test_batchnorm1d_on_the_triton_kernel_interpreted(monkeypatch):
+    """The same views through the Triton kernel (TRITON_INTERPRET=1): its strides come from
+    the layout, so (N, C, L, 1) and (1, C, N, 1) index as NCHW planes and channels-last rows."""
+    from tests.helpers import interpreted_triton
+    interpreted_triton()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+    model = PointNetish("nlc").train()
+    ref = copy.deepcopy(model).double()
+    fuse(model, "train", impls={"bn_act": "triton"})
+    x = torch.randn(4, 3, 10)
+    y = model(x)
+    r = ref(x.double())
+    torch.testing.assert_close(y.double(), r, atol=1e-5, rtol=1e-5)
+    y.square().mean().backward()
+    r.square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert sorted(kernel_names(y)) == sorted(
+        f"bn_act[bn_act_triton:{a}]" for a in ("relu", "silu", "gelu", "relu"))

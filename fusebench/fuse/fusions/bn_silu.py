@@ -114,6 +114,36 @@ def bn_act_kernel(impl: BnActImpl, act: str, running_mean, running_var, momentum
     return MultiOpKernel(f"{prefix}[bn_act_{impl.name}:{act}]", fwd, bwd)
 
 
+# measured (forty-fifth session, fwd + bwd, 2 / 1 threads): 0.97-1.10x aten's at 256-1024 rows
+# of 256-512, 0.58x at 32 rows (the site's own ~90 us a call); over (N, C, L) 1.26-2.47x
+LINEAR_ROWS = ("a BatchNorm1d on a Linear's (N, C) rows: aten's batch norm + act is as fast "
+               "there (the kernel 0.97-1.10x it, slower on small batches)")
+
+
+def as_image(c: torch.Tensor):
+    """(c as an (N, C, H, W) image, a function giving a result of the image's shape c's shape
+    back) for a BatchNorm1d's input: (N, C, L) as (N, C, L, 1), which keeps c's layout (planes
+    of L, or channels-last rows where c is a transposed (N, L, C)); (N, C) as (1, C, N, 1),
+    channels-last rows of C: as (N, C, 1, 1) the kernel ran N * C planes of one value (0.27x
+    aten's batch norm + ReLU at 256 x 512). Statistics over (N, H, W) are the batch norm's over
+    N [and L] either way. An image goes through as it is."""
+    if c.dim() == 3:
+        return c.unsqueeze(-1), lambda y: y.squeeze(-1)
+    if c.dim() == 2:    # views both ways (indexing's backward would write zeros and copy)
+        return c.t().unsqueeze(0).unsqueeze(-1), lambda y: y.squeeze(-1).squeeze(0).t()
+    return c, _same
+
+
+def _same(y):
+    return y
+
+
+def one_d_miss(bn: nn.Module, producer: str | None) -> str | None:
+    """Why a BatchNorm1d whose input comes from op `producer` is not fused (None: it is; a
+    BatchNorm2d always is): on a Linear's (N, C) rows the kernel does not pay."""
+    return LINEAR_ROWS if isinstance(bn, nn.BatchNorm1d) and producer == "linear" else None
+
+
 def train_bn_act(bn: nn.BatchNorm2d, c: torch.Tensor, impl: BnActImpl | None, pure: Pure,
                  act: str | None, prefix: str, residual: torch.Tensor | None = None
                  ) -> torch.Tensor:

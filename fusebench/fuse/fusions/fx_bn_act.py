@@ -1,7 +1,9 @@
 """bn_act (graph, train bench): BatchNorm2d -> SiLU / ReLU / GELU / ReLU6 / hardswish, whatever
 module or function spells the activation (torchvision's Conv2dNormActivation, a user's
 Sequential, F.relu(bn(x)), MobileNet's ReLU6 and hardswish) and the norm (an nn.BatchNorm2d,
-or a subclass calling F.batch_norm: timm's BatchNormAct2d).
+or a subclass calling F.batch_norm: timm's BatchNormAct2d), or an nn.BatchNorm1d over (N, C, L)
+(PointNet's and audio models' Conv1d stacks, a Conformer's convolution module) or (N, C), run
+as the image bn_silu.as_image views it as (after a Linear: a Miss, bn_silu.one_d_miss).
 Training-mode BN: one Function that saves the BN input and the (C,) statistics and recomputes
 the BN output in backward (bn_silu's train_bn_act with the matched activation: the bn_act
 kernel where bound, else aten's sequence). Eval-mode BN (frozen
@@ -12,8 +14,8 @@ import torch
 
 from fusebench.fuse.binding import BnActImpl, Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
-from fusebench.fuse.fusions.bn_silu import (act_input, bn_affine, residual_grad, residual_keep,
-                                             train_bn_act)
+from fusebench.fuse.fusions.bn_silu import (act_input, as_image, bn_affine, one_d_miss,
+                                             residual_grad, residual_keep, train_bn_act)
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.acts import act_ending_at, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
@@ -61,10 +63,11 @@ def kernel_act(op: str, approximate: str) -> str:
 
 def bn_act_site(act: Pure, name: str, impl: BnActImpl | None) -> Site:
     def run(c, bn):
+        x, back = as_image(c)
         if bn.training:
-            return train_bn_act(bn, c, impl, act, name, "bn_act")
+            return back(train_bn_act(bn, x, impl, act, name, "bn_act"))
         kernel = bn_eval_kernel(act, bn.running_mean, bn.running_var, bn.eps)
-        return run_ops(kernel, c, ((bn.weight, bn.bias),))
+        return back(run_ops(kernel, x, ((bn.weight, bn.bias),)))
     return Site(SITE_NAME, run)
 
 
@@ -79,7 +82,7 @@ def bn_act(n, scope):
     bn, between = N.above_identities(N.x_of(n) if isinstance(act, str) else act.x,
                                      scope.ctx.bench,
                                      frozenset() if isinstance(act, str) else {n, *act.nodes})
-    call = N.batch_norm_call(bn, scope.m)
+    call = N.batch_norm_call(bn, scope.m, one_d=True)
     if call is None:
         return None
     if isinstance(act, str):
@@ -88,6 +91,9 @@ def bn_act(n, scope):
         return Miss("bn_act", call)
     if not (call.module.affine and call.module.track_running_stats):
         return Miss("bn_act", N.NO_AFFINE_OR_STATS)
+    rows = one_d_miss(call.module, N.op(N.x_of(bn)))
+    if rows:
+        return Miss("bn_act", rows)
     # a written-out act reads its input more than once: every use must be inside it
     inside = {n, *act.nodes} if not between else {between[-1]}
     if not set(bn.users) <= inside:

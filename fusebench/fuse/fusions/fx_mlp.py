@@ -1,10 +1,11 @@
 """mlp (graph): fc1 -> GELU/SiLU -> fc2 [-> * gamma], fc = nn.Linear / F.linear over the last
 dim, a 1x1 nn.Conv2d over NCHW (ConvNeXt's pwconv1/pwconv2 with layer scale, a GPT's
 c_fc/c_proj), or HF transformers' Conv1D (GPT-2's c_fc/c_proj: addmm on a weight stored
-(in, out), no layer scale). fc1 runs without its bias; one Function does bias + activation
-+ fc2 (+ gamma, folded into fc2's weight and bias inside the Function) and saves only fc1's
-output; the activation fc2's weight gradient needs is recomputed in backward. GELU with a
-bias runs the bias_gelu act family bound for this fuse(); the rest runs aten's ops."""
+(in, out), no layer scale). One Function does the activation + fc2 (+ gamma, folded into fc2's
+weight and bias inside the Function) and saves only fc1's output; the activation fc2's weight
+gradient needs is recomputed in backward. GELU with a bias runs the bias_gelu act family bound
+for this fuse(), fc1's bias added in that kernel's pass (fc1 runs without it); the rest runs
+aten's ops, fc1's bias in fc1's GEMM."""
 from __future__ import annotations
 
 import functools
@@ -105,6 +106,11 @@ class BiasAct:
     def __init__(self, act: Pure, bias_gelu: Pure | None, approximate: str, cdim: int):
         self.act, self.bias_gelu, self.approx, self.cdim = act, bias_gelu, approximate, cdim
         self.from_output = FROM_OUTPUT.get(act.impl)
+        # fc1's bias stays in fc1's GEMM (addmm's epilogue) unless a bias_gelu kernel adds it
+        # in its own pass: otherwise `h0 + b1` would be one more pass over fc1's output in
+        # forward and two in backward (the rebuild and the derivative), which made a SiLU MLP
+        # slower than eager's (docs/fused.md, forty-fifth session)
+        self.bias_in_fc1 = self.from_output is not None or bias_gelu is None
 
     def _nchw(self, h):
         """bias_gelu's (N, C, H, W) operand. A linear's (..., C) goes in as the free view
@@ -269,12 +275,12 @@ def mlp_site(ba: BiasAct, fc: str, ln_eps: float | None = None,
                 return run_ops(blocks, x, groups)
             return back(run_ops_residual(blocks, x, groups, acc)) if fold \
                 else back(run_ops(blocks, x, groups)) + res
-        # fc1 without its bias where the kernel adds it (it saves fc1's output and rebuilds
-        # act(h0 + b1) in backward), with it where the act's output is kept; LN(x) recomputed
-        # in backward with ln_eps
-        b_in = b1 if ba.from_output else None
+        # fc1 without its bias where the bias_gelu kernel adds it (it saves fc1's output and
+        # rebuilds act(h0 + b1) in backward), with it otherwise (BiasAct.bias_in_fc1); LN(x)
+        # recomputed in backward with ln_eps
+        b_in = b1 if ba.bias_in_fc1 else None
         h0 = fc_fwd(x, w1, b_in) if ln_eps is None else ln_linear(x, ln_eps, lw, lb, w1, b_in)
-        groups = ((None if ba.from_output else b1,), (w2, b2), (gamma,))
+        groups = ((None if ba.bias_in_fc1 else b1,), (w2, b2), (gamma,))
         if res is None:
             return run_ops(kernel, h0, groups)
         if not fold:

@@ -42,6 +42,7 @@ MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
     nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.BatchNorm2d: "batch_norm",
+    nn.BatchNorm1d: "batch_norm",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d", nn.Flatten: "flatten", nn.Dropout: "dropout",
     nn.Identity: "identity", nn.RMSNorm: "rms_norm", nn.GroupNorm: "group_norm",
     nn.Softmax: "softmax",
@@ -316,25 +317,29 @@ def _size_of(k, x, *index):
 
 @dataclass(frozen=True)
 class BnCall:
-    """The BatchNorm2d whose batch norm a node computes, at `path` in the traced module."""
+    """The BatchNorm2d (or BatchNorm1d) whose batch norm a node computes, at `path` in the
+    traced module."""
     path: str
-    module: nn.BatchNorm2d
+    module: nn.BatchNorm2d | nn.BatchNorm1d
 
 
 NO_AFFINE_OR_STATS = "BatchNorm without affine parameters or running statistics"
 _BN_ARGS = ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias"))
 
 
-def batch_norm_call(n, root: nn.Module) -> BnCall | str | None:
+def batch_norm_call(n, root: nn.Module, one_d: bool = False) -> BnCall | str | None:
     """What batch norm node n computes: an nn.BatchNorm2d call, or F.batch_norm on one
     BatchNorm2d's own running statistics, weight and bias with its eps, momentum and training
     flag (a subclass's forward written out, as timm's BatchNormAct2d is); a reason string for
     a batch norm that is neither; None for anything else. `root` is the traced module (the
-    graph's own module tree holds placeholders on get_attr paths)."""
+    graph's own module tree holds placeholders on get_attr paths). one_d: a BatchNorm1d's
+    too (bn_act's and bn_train's sites view its (N, C, L) or (N, C) input as an image; the
+    other BN patterns take images only, and a BatchNorm1d is no candidate of theirs)."""
     if op(n) != "batch_norm":
         return None
+    kinds = (nn.BatchNorm2d, nn.BatchNorm1d) if one_d else nn.BatchNorm2d
     if n.op == "call_module":
-        return BnCall(n.target, module(n))
+        return BnCall(n.target, module(n)) if isinstance(module(n), kinds) else None
     given = [arg(n, i, name) for i, name in _BN_ARGS]
     if any(a is None for a in given):
         return NO_AFFINE_OR_STATS
@@ -345,7 +350,9 @@ def batch_norm_call(n, root: nn.Module) -> BnCall | str | None:
             [name for _, name in _BN_ARGS] or "" in owner:
         return bad
     m = root.get_submodule(owner.pop())
-    if not isinstance(m, nn.BatchNorm2d):
+    if isinstance(m, nn.BatchNorm1d) and not one_d:
+        return None
+    if not isinstance(m, kinds):
         return bad
     # the module's own settings; a momentum of None (cumulative average) the trace froze at
     # 1 / num_batches_tracked: the site computes it at each call, as the module does
