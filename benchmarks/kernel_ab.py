@@ -2,10 +2,13 @@
 
     python benchmarks/kernel_ab.py                         # working tree vs HEAD, efficientnet_b0 cl
     python benchmarks/kernel_ab.py --base HEAD~3 --model efficientnet_b3 --nchw --threads 1
+    python benchmarks/kernel_ab.py --base-cflags "-O3 -march=native -fopenmp" --model convnext_atto
 
 The C++ families the fuser calls (act, bn_act, dwconv, ln2d) are built twice: from the working
 tree (what `fuse` loads) and from `--base` (git show of each family's cpu.cpp and the shared
-headers, built under a `_base` extension name). One fused model and one eager model (same seed)
+headers, built under a `_base` extension name); with --base-cflags, the A side is the working
+tree's sources built with those compiler flags instead of build.py's DEFAULT_CFLAGS (a
+`_cflags` extension name): a flag's effect on a whole step. One fused model and one eager model (same seed)
 run train steps in rounds: base, new, eager, each round in a rotated order, so that the VM's
 drift (its speed moves by 10-40% within minutes here) and the heap's state hit all three alike:
 whole-model A/Bs taken as separate processes minutes apart were too noisy to resolve a 10%
@@ -82,6 +85,16 @@ def base_extensions(rev: str, new: dict[str, object]) -> dict[str, object]:
     return out
 
 
+def cflags_extensions(cflags: tuple[str, ...]) -> dict[str, object]:
+    """family -> the working tree's sources built with `cflags` (their own build directory:
+    the flags are in build.py's fingerprint)."""
+    out = {}
+    for family in KERNEL_MODULES:
+        mod = importlib.import_module(f"fusebench.kernels.{family}.cpu")
+        out[family] = load_extension(f"{mod.EXT_NAME}_cflags", [mod.SOURCE], cflags=cflags)
+    return out
+
+
 def use(exts: dict[str, object]) -> None:
     """Point each family's `extension()` at exts[family] (what the fused Functions call)."""
     for family, ext in exts.items():
@@ -93,12 +106,18 @@ def main(argv=None) -> int:
     ap = step_parser(__doc__)
     ap.add_argument("--base", default="HEAD", help="git revision of the A side (default HEAD)")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--base-cflags", default=None,
+                    help="A side: the working tree's kernels built with these flags (quoted)")
     a = ap.parse_args(argv)
     pin_malloc(a.heap)          # glibc's thresholds as a model cell fixes them (measure/heap.py)
     torch.set_num_threads(a.threads)
     new = {f: importlib.import_module(f"fusebench.kernels.{f}.cpu").extension()
            for f in KERNEL_MODULES}
-    base = base_extensions(a.base, new)
+    if a.base_cflags is not None:
+        a.base = f"cflags '{a.base_cflags}'"
+        base = cflags_extensions(tuple(a.base_cflags.split()))
+    else:
+        base = base_extensions(a.base, new)
     print("built from " + a.base + ": " + (", ".join(f for f in base if base[f] is not new[f])
                                            or "nothing (no kernel source differs)"))
     x, target = batch_of(a)

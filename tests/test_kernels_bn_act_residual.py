@@ -101,9 +101,14 @@ def _from_output_errs(mod, act, layout, dtype=torch.float32):
 @pytest.mark.parametrize("act", cpu.FROM_OUTPUT)
 def test_cpu_relu_backward_reads_act_prime_off_the_output(act, layout):
     """What the fused site keeps for ReLU (its output, which eager's ReLU keeps too) gives the
-    residual's gradients exactly."""
+    residual's gradients: g = dy * act' (the residual's gradient) and its sum (the bias's)
+    exactly, the same mask read off either; the sums of g * x-hat (the weight's gradient, and
+    dx through it) to float32 rounding, as the compiler may contract g * x-hat into an FMA in
+    one instantiation and not the other (an AVX2 build's NCHW loops: 1.7e-8 and 5.8e-8)."""
     _built()
-    assert_close(_from_output_errs(cpu, act, layout), 0.0)
+    errs = _from_output_errs(cpu, act, layout)
+    assert_close({k: errs[k] for k in ("dresidual", "dbias")}, 0.0)
+    assert_close(errs, 4 * torch.finfo(torch.float32).eps)
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu", "hardswish", "identity"])

@@ -86,6 +86,25 @@ def test_each_pass_alone_matches(passes, bias):
     assert max(_errs(x, w, b, 2, passes)) < 1e-5
 
 
+@pytest.mark.parametrize("passes", [Passes(False, True, True), Passes(False, False, True)],
+                         ids=str)
+def test_aten_forward_under_autocast_stays_in_the_inputs_dtype(passes):
+    """An fp32 input under bf16 autocast (ConvNeXt's dwconv after a LayerNorm) with aten's
+    forward and any of our backward passes (AVX2 builds run 7x7 that way): the Function's
+    output stays fp32 as our passes' is, so backward gets an fp32 dy beside the saved fp32 x
+    and weight. A bf16 output crashed oneDNN's convolution backward on an AVX2 CPU."""
+    x, w, b = (t.requires_grad_() for t in
+               _inputs((2, 9, 7, 6), 7, "channels_last", torch.float32, True))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = cpu.dwconv_cpu(x, w, b, 1, passes)
+    assert y.dtype == torch.float32
+    y.square().sum().backward()
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    F.conv2d(x64, w64, b64, 1, 3, 1, 9).square().sum().backward()
+    for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (5, 2), (7, 1)])
 def test_gradcheck_float64(k, stride):
     g = torch.Generator().manual_seed(0)

@@ -7,6 +7,7 @@ thirteenth sessions). NCHW keeps F.conv2d: the per-image GEMMs there lost (0.64x
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.nn as nn
@@ -45,9 +46,14 @@ def is_pointwise(m: nn.Module) -> bool:
 def conv1x1(x, w, b=None):
     """A 1x1 conv as a GEMM on a channels-last x's free view, y channels-last; F.conv2d
     otherwise. The GEMMs (forward and backward, on the same views) run on fuse/gemm.py's
-    backend."""
+    backend. Under autocast aten's conv runs, as in eager, and says so: the GEMM's gain was
+    measured in fp32, and autocast's bf16 linear sums the weight gradient in another order than
+    its bf16 conv on an AVX2 CPU."""
     if channels_last(x) and not _state["aten"]:
-        return gemm.linear(x.permute(0, 2, 3, 1), w.flatten(1), b).permute(0, 3, 1, 2)
+        if not torch.is_autocast_enabled(x.device.type):
+            return gemm.linear(x.permute(0, 2, 3, 1), w.flatten(1), b).permute(0, 3, 1, 2)
+        warnings.warn("conv1x1: under autocast the pointwise conv ran aten's conv, as eager's "
+                      "(its GEMM on the channels-last view runs in fp32 only)", stacklevel=2)
     return F.conv2d(x, w, b)
 
 

@@ -5,6 +5,7 @@ choice per call: oneDNN's forward and grad input are often faster, its grad weig
 (benchmarks/dwconv.py, docs/fused.md); fuse/fusions/dwconv.py picks per shape."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +75,14 @@ def is_channels_last(x: torch.Tensor) -> bool:
 
 
 def _aten_backward(dy, x, weight, stride, k, mask):
-    return torch.ops.aten.convolution_backward(dy, x, weight, None, [stride] * 2, [k // 2] * 2,
-                                               [1, 1], False, [0, 0], weight.shape[0], mask)
+    """aten's passes in the dtype forward computed in, dy's: under autocast a bf16 input met
+    the fp32 weight as autocast's bf16 copy (aten's CPU convolution backward takes no mixed
+    dtypes on AVX2 machines), and each gradient goes back in its input's dtype, as autocast's
+    own cast's backward gives it."""
+    grads = torch.ops.aten.convolution_backward(
+        dy, x.to(dy.dtype), weight.to(dy.dtype), None, [stride] * 2, [k // 2] * 2, [1, 1],
+        False, [0, 0], weight.shape[0], mask)
+    return tuple(g if g is None else g.to(t.dtype) for g, t in zip(grads, (x, weight, weight)))
 
 
 def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +105,12 @@ class DwConvCpuFunction(torch.autograd.Function):
                                                                recompute)
         if passes.forward:
             return _like(extension().forward(x, weight, bias, stride), x)
-        return F.conv2d(x, weight, bias, stride, k // 2, 1, weight.shape[0])
+        # where any pass is ours (x is then fp32 / fp64), in x's dtype as ours compute: under
+        # autocast aten's conv would return bf16, and backward would get a bf16 dy beside the
+        # saved fp32 x and weight (oneDNN has no such convolution backward on AVX2 CPUs, whose
+        # rule runs this pass on aten's). All passes aten's: autocast's dtypes, as eager's
+        with torch.autocast(x.device.type, enabled=False) if passes.any() else nullcontext():
+            return F.conv2d(x, weight, bias, stride, k // 2, 1, weight.shape[0])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
