@@ -34,7 +34,8 @@ TOL = 1e-4                  # float32, fused against eager
 
 
 def models(size: str) -> dict:
-    from assets import attention_spellings, hf_llama, nano_gpt, swin, torch_transformer, tv_vit
+    from assets import (attention_spellings, convnext_v2, hf_llama, nano_gpt, swin,
+                        torch_transformer, tv_vit)
     out = {
         "torch_encoder_dropout": lambda: torch_transformer.make(size=size, dropout=0.1,
                                                                 norm_first=True,
@@ -45,6 +46,8 @@ def models(size: str) -> dict:
         "swin_stage": swin.SwinStage,       # learned bias + windowed mask: CUDA takes its grad
         # HF's current layout: grouped k/v heads; under autocast q, k float32 and v bf16
         "hf_llama": lambda: hf_llama.make(size),
+        # fc1 -> GELU -> GRN -> fc2 (grn_mlp): the bias_gelu family bound for CUDA (Triton)
+        "convnext_v2": convnext_v2.make_trained,
     }
     try:                    # a test extra: the device image may lack it (gpu_wheels.sh carries it)
         from assets import einops_models
@@ -61,6 +64,8 @@ def models(size: str) -> dict:
 def _inputs(model, device):
     if hasattr(model, "example_inputs"):
         return model.example_inputs(2, device, torch.float32)
+    if hasattr(model, "input_size"):                 # an image model (ConvNeXt V2)
+        return (torch.randn(2, *model.input_size, device=device),)
     from assets import attention_spellings
     return (torch.randn(2, attention_spellings.T, attention_spellings.DIM, device=device),)
 

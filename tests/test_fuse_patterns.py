@@ -7,6 +7,7 @@ candidates that did not fuse (or a failed trace) reported as events with a reaso
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import sys
 from collections import Counter
@@ -24,7 +25,8 @@ from tests.helpers import (assert_close_to_float64, assert_matches_eager, autogr
                            random_running_stats)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from assets import (conformer, convnext_official, diffusion_unet, hf_efficientnet,  # noqa: E402
+from assets import (conformer, convnext_official, convnext_v2, diffusion_unet,  # noqa: E402
+                    hf_efficientnet,
                     hf_gpt2, hf_llama, llama, pointnet,
                     nano_gpt, timm_efficientnet, torch_transformer, tv_efficientnet,
                     tv_mobilenet, tv_resnet, tv_vit)
@@ -87,6 +89,12 @@ ASSETS = {
     # the stem and the downsamples: kernel == stride convs (patchify)
     "convnext_official": (convnext_official.make, lambda: (image(),),
                           {"ln2d": 9, "mlp": 5, "dwconv": 5, "patchify": 4}),
+    # ConvNeXt V2: fc1 -> GELU -> GRN -> fc2 + the residual (grn_mlp), in three spellings of
+    # the GRN; GRN's gamma / beta live (make_trained); norms as timm's LayerNorm2d (ln2d)
+    **{f"convnext_v2_{k}": (functools.partial(convnext_v2.make_trained, grn=k),
+                            lambda: (image(),),
+                            {"ln2d": 9, "grn_mlp": 5, "dwconv": 5, "patchify": 4})
+       for k in convnext_v2.SPELLINGS},
     # the causal attention written out (a sliced mask buffer: traced with buffers as values)
     "nano_gpt": (nano_gpt.make, tokens, {"mlp": 2, "attention": 2}),
     "nano_gpt_new_gelu": (nano_gpt.make_new_gelu, tokens, {"mlp": 2, "attention": 2}),
@@ -164,7 +172,8 @@ FUSED_NODES = ("MultiOpFunctionBackward", "ResidualOpFunctionBackward")   # engi
 # the MultiOpKernel name prefix each graph pattern's Function carries
 KERNEL_PREFIX = {"mlp": "mlp[", "bn_act": "bn_act[", "bn_add_act": "bn_add_act[",
                  "se_gate": "se_gate[",
-                 "se_project": "se_project[", "bn_train": "bn_train[", "glu_mlp": "glu_mlp["}
+                 "se_project": "se_project[", "bn_train": "bn_train[", "glu_mlp": "glu_mlp[",
+                 "grn_mlp": "grn_mlp["}
 SITE_NAME = {"se_gate": "fused_se"}
 
 
@@ -787,6 +796,7 @@ def test_parameters_are_read_at_call_time():
 
 
 INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
+               **{f"convnext_v2_{k}": {"ln2d": 9, "grn_mlp": 5} for k in convnext_v2.SPELLINGS},
                **dict.fromkeys(("nano_gpt", "nano_gpt_new_gelu"), {"mlp": 2, "attention": 2}),
                **dict.fromkeys(("llama_hf", "llama_meta", "llama_torch_rmsnorm"), LLAMA),
                "hf_gpt2": {"mlp": 2},
@@ -1401,24 +1411,26 @@ def test_a_written_out_act_after_batchnormact2d_drop_is_one_bn_act_site(site_cal
 
 
 # each asset benchmark at its tiny size: (the line naming the model and its sites, the site
-# its third column leaves out)
+# its third column leaves out, how many inputs it times: convnext_v2 NCHW and channels-last)
 ASSET_BENCHMARKS = {
     "hf_llama": ("HF-layout LLaMA, b2, 16 tokens (sites {'rms_norm': 5, 'attention': 2, "
-                 "'glu_mlp': 2})", "attention"),
+                 "'glu_mlp': 2})", "attention", 1),
     "conformer": ("Conformer (torchaudio's layout), b2, 20 frames (sites {'mlp': 4, 'mha': 2, "
-                  "'bn_act': 2})", "mlp"),
-    "pointnet": ("PointNet, b4, 24 points (sites {'bn_train': 1, 'bn_act': 9})", "bn_act")}
+                  "'bn_act': 2})", "mlp", 1),
+    "pointnet": ("PointNet, b4, 24 points (sites {'bn_train': 1, 'bn_act': 9})", "bn_act", 1),
+    "convnext_v2": ("ConvNeXt V2 (channels-last), b2, 32 px (sites {'dwconv': 5, 'ln2d': 9, "
+                    "'grn_mlp': 5, 'patchify': 4})", "grn_mlp", 2)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ASSET_BENCHMARKS))
 def test_the_asset_benchmark_runs_at_a_tiny_size(name, capsys):
     from tests.helpers import load_benchmark
-    head, site = ASSET_BENCHMARKS[name]
+    head, site, runs = ASSET_BENCHMARKS[name]
     assert load_benchmark(name).main(["--size", "tiny", "--rounds", "3", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert head in out, out
-    assert out.count("eager/fused") == 1 and out.count(f"eager/no {site} site") == 1, out
+    assert out.count("eager/fused") == runs and out.count(f"eager/no {site} site") == runs, out
 
 
 def test_hf_llama_under_cpu_autocast_runs_sdpa(site_calls):

@@ -30,7 +30,7 @@ import torch.nn as nn
 from fusebench.fuse.fusions import (bn_silu, bn_train, conv_bn_fold,  # noqa: F401
                                     fx_attention,
                                     conv_bn_fold_seq, dwconv, fx_bn_act, fx_bn_add_act,
-                                    fx_bn_train, fx_conv1x1, fx_fold, fx_glu, fx_gn_act, fx_ln2d,
+                                    fx_bn_train, fx_conv1x1, fx_fold, fx_glu, fx_gn_act, fx_grn, fx_ln2d,
                                     fx_ln_linear, fx_mha, fx_mlp, fx_patchify, fx_rms_norm,
                                     fx_se,
                                     ln2d, se_gate, se_project, silu_me)
@@ -42,7 +42,7 @@ ORDER: tuple[str, ...] = ("conv_bn_fold", "conv_bn_fold_seq", "dwconv", "se_gate
                           "bn_train", "se_project", "ln2d", "silu_me")
 GRAPH_BEFORE = "silu_me"            # the graph pass runs just before this module rule
 GRAPH_ORDER: tuple[str, ...] = ("ln2d", "ln2d_expr", "rms_norm", "gn_act", "se_project",
-                                "se_gate", "bn_add_act", "bn_act", "glu_mlp", "mlp", "mha",
+                                "se_gate", "bn_add_act", "bn_act", "glu_mlp", "grn_mlp", "mlp", "mha",
                                 "attention",
                                 "conv_bn_fold_fx", "ln_linear", "conv1x1", "patchify",
                                 "bn_train_fx", "group_norm")

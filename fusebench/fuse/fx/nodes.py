@@ -33,11 +33,12 @@ FUNCTIONS = {
     operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "bmm",
     F.softmax: "softmax", torch.softmax: "softmax", torch.masked_fill: "masked_fill",
     torch.transpose: "transpose", operator.eq: "eq", torch.eq: "eq",
+    torch.norm: "norm", torch.linalg.vector_norm: "vector_norm", torch.addcmul: "addcmul",
 }
 METHODS = {"add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "mean", "permute", "relu",
            "sigmoid", "tanh", "erf", "view", "reshape", "unsqueeze", "flatten", "squeeze",
            "to", "float", "type_as", "type", "chunk", "split", "matmul", "bmm", "softmax",
-           "masked_fill", "transpose", "eq"}
+           "masked_fill", "transpose", "eq", "norm", "addcmul"}
 MODULES = {
     nn.LayerNorm: "layer_norm", nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GELU: "gelu",
     nn.SiLU: "silu", nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid",
