@@ -10,12 +10,13 @@ official-ConvNeXt-like test asset tests/assets/convnext_official.py loaded as a 
 convnext_atto's depths and widths; `--models efficientnet_timm,efficientnet_hf` adds
 tests/assets/timm_efficientnet.py and hf_efficientnet.py, timm's and HF transformers' layouts at
 B0's widths; `--models convnext_v2` adds tests/assets/convnext_v2.py, ConvNeXt V2's layout
-(GRN in the MLP) at V2-Atto's depths and widths; `--models mobilenet_v2,mobilenet_v3` adds
-tests/assets/tv_mobilenet.py, torchvision's layouts at V2 1.0's and V3-Small's widths) x
-layouts (NCHW, channels-last) x threads (1, 2) x modes (eager, fused, compile). Each cell runs in worker processes through
-fusebench's runner (the same measurement as `fusebench run`, correctness check included); the
-modes of one (model, layout, threads) are the cells of one run, so their --repeat processes are
-interleaved.
+(GRN in the MLP) at V2-Atto's depths and widths; `--models efficientnet_v2_s` adds
+tests/assets/tv_efficientnet.py's EfficientNetV2 layout (FusedMBConv stages) at V2-S's stages;
+`--models mobilenet_v2,mobilenet_v3` adds tests/assets/tv_mobilenet.py, torchvision's layouts at
+V2 1.0's and V3-Small's widths) x layouts (NCHW, channels-last) x threads (1, 2) x modes
+(eager, fused, compile). Each cell runs in worker processes through fusebench's runner (the
+same measurement as `fusebench run`, correctness check included); the modes of one (model,
+layout, threads) are the cells of one run, so their --repeat processes are interleaved.
 
 Default size, batch 8 at 160 px, warm-up 2, 6 timed steps: the issue's "b8, 160-224 px" at
 its cheap end, so that the eager/fused cells take ~10-20 s each on the 2-vCPU VM. What costs
@@ -58,6 +59,7 @@ HF = f"{REPO / 'tests' / 'assets' / 'hf_efficientnet.py'}:make"
 MOBILENET = f"{REPO / 'tests' / 'assets' / 'tv_mobilenet.py'}"
 RESNET = f"{REPO / 'tests' / 'assets' / 'tv_resnet.py'}:make"
 V2 = f"{REPO / 'tests' / 'assets' / 'convnext_v2.py'}:make_trained"     # GRN's gamma / beta live
+TV_V2 = f"{REPO / 'tests' / 'assets' / 'tv_efficientnet.py'}:make_v2"
 # name -> (model reference, factory kwargs); convnext_official at convnext_atto's size,
 # efficientnet_timm and efficientnet_hf (timm's and HF transformers' layouts) at B0's,
 # resnet18 / resnet50 torchvision's layout (tests/assets/tv_resnet.py)
@@ -69,6 +71,7 @@ MODELS = {
                                      "num_classes": 1000}),
     "convnext_v2": (V2, {"depths": [2, 2, 6, 2], "dims": [40, 80, 160, 320],
                          "num_classes": 1000}),
+    "efficientnet_v2_s": (TV_V2, {"size": "s"}),
     "efficientnet_timm": (TIMM, {"size": "b0"}),
     "efficientnet_hf": (HF, {"size": "b0"}),
     "mobilenet_v2": (f"{MOBILENET}:make_v2", {"size": "full"}),
@@ -78,8 +81,9 @@ MODELS = {
 }
 GRID = ("efficientnet_b0", "efficientnet_b3", "convnext_atto", "convnext_official")  # default
 # the assets' tiny defaults
-QUICK_KWARGS = {"convnext_official": {}, "convnext_v2": {}, "efficientnet_timm": {},
-                "efficientnet_hf": {}, "mobilenet_v2": {}, "mobilenet_v3": {}, "resnet18": {}, "resnet50": {}}
+QUICK_KWARGS = {"convnext_official": {}, "convnext_v2": {}, "efficientnet_v2_s": {},
+                "efficientnet_timm": {}, "efficientnet_hf": {}, "mobilenet_v2": {},
+                "mobilenet_v3": {}, "resnet18": {}, "resnet50": {}}
 LAYOUTS = {"nchw": False, "cl": True}
 MODES = ("eager", "fused", "compile")
 LOAD_WARN = 1.5          # 1-minute load average above which a cell's timing is suspect

@@ -110,6 +110,12 @@ ASSETS = {
     # angles under autocast(enabled=False), a causal mask made with `torch.ones(T, T)`
     "hf_llama": (hf_llama.make, llama_tokens, {**LLAMA, "attention": 2}),
     "tv_efficientnet": (tv_efficientnet.make, lambda: (image(),), EFFNET),
+    # EfficientNetV2: FusedMBConv's full 3x3 conv -> BN -> SiLU (bn_act; + x after it where
+    # the expand ratio is 1), its 1x1 conv -> BN alone (conv1x1, bn_train / bn_add_act); then
+    # MBConv as V1's
+    "tv_efficientnet_v2": (tv_efficientnet.make_v2, lambda: (image(),),
+                           {"bn_act": 9, "se_gate": 2, "se_project": 2, "dwconv": 2,
+                            "conv1x1": 5, "bn_train": 2, "bn_add_act": 2}),
     "diffusion_unet": (diffusion_unet.make_plain, unet_inputs, UNET),
     # `out += identity; relu(out)` and `F.relu(torch.add(identity, out))`; BasicBlocks
     "tv_resnet": (tv_resnet.make, lambda: (image(),), RESNET),
@@ -802,6 +808,7 @@ INFER_SITES = {"convnext_official": {"ln2d": 9, "mlp": 5},
                "hf_gpt2": {"mlp": 2},
                "hf_llama": {**LLAMA, "attention": 2},
                "tv_efficientnet_relu_linear_se": {"conv_bn_fold": 13, "se_gate": 4},
+               "tv_efficientnet_v2": {"conv_bn_fold": 13, "se_gate": 2, "silu_me": 9},
                **dict.fromkeys(("tv_efficientnet", "timm_efficientnet",
                                 "timm_efficientnet_cumulative", "hf_efficientnet"),
                                {"conv_bn_fold": 13, "se_gate": 4, "silu_me": 9}),

@@ -28,6 +28,7 @@ def _zoo(name: str, px: int):
 CASES = {"efficientnet_b0": _zoo("efficientnet_b0", 64), "convnext_atto": _zoo("convnext_atto", 64),
          **{n: (f, x) for n, (f, x, _) in ASSETS.items() if n in
             ("convnext_official", "convnext_v2_official", "nano_gpt", "tv_efficientnet",
+             "tv_efficientnet_v2",
              "timm_efficientnet",
              "hf_gpt2", "hf_efficientnet", "tv_mobilenet_v2", "tv_mobilenet_v3",
              "llama_hf", "llama_torch_rmsnorm")}}

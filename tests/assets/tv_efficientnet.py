@@ -4,7 +4,11 @@ nn.Sequential subclass (conv, BatchNorm2d, activation or none), SqueezeExcitatio
 avgpool / fc1 / activation / fc2 / scale_activation and returns `scale * input`, MBConv is
 expand -> depthwise -> SE -> project (no activation) with a residual when shapes allow.
 `se_spelling="linear"` swaps the SE for one written with x.mean and nn.Linear layers, and
-`act=nn.ReLU` / `nn.GELU` the activations, so the same layout exercises other spellings."""
+`act=nn.ReLU` / `nn.GELU` the activations, so the same layout exercises other spellings.
+`make_v2` is EfficientNetV2's layout: its first stages FusedMBConv blocks (a full 3x3 conv ->
+BN -> SiLU, then a 1x1 conv -> BN without an activation; one 3x3 conv -> BN -> SiLU where the
+expand ratio is 1) with a residual where shapes allow, the later ones MBConv with an SE
+squeezed to a quarter of the block's input channels."""
 from functools import partial
 
 import torch
@@ -70,6 +74,23 @@ class MBConv(nn.Module):
         return y + x if self.use_res_connect else y
 
 
+class FusedMBConv(nn.Module):
+    def __init__(self, cin, cout, expand_ratio, kernel, stride, act, se_cls=None):
+        super().__init__()
+        hidden = cin * expand_ratio
+        if expand_ratio != 1:
+            layers = [Conv2dNormActivation(cin, hidden, kernel, stride, activation_layer=act),
+                      Conv2dNormActivation(hidden, cout, 1, activation_layer=None)]
+        else:
+            layers = [Conv2dNormActivation(cin, cout, kernel, stride, activation_layer=act)]
+        self.block = nn.Sequential(*layers)
+        self.use_res_connect = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.block(x)
+        return y + x if self.use_res_connect else y
+
+
 # (expand ratio, kernel, stride, in, out, layers), a shrunk B0 table
 STAGES = ((1, 3, 1, 8, 8, 1), (4, 3, 2, 8, 12, 2), (4, 5, 2, 12, 16, 1))
 # B0's own table (torchvision's efficientnet_b0): for benchmarks at a real width
@@ -78,17 +99,26 @@ B0_STAGES = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2),
              (6, 3, 1, 192, 320, 1))
 
 
+# EfficientNetV2's: (block, expand ratio, kernel, stride, in, out, layers), shrunk; V2-S's own
+V2_STAGES = ((FusedMBConv, 1, 3, 1, 8, 8, 1), (FusedMBConv, 4, 3, 2, 8, 12, 2),
+             (MBConv, 4, 3, 2, 12, 16, 2))
+V2_S_STAGES = ((FusedMBConv, 1, 3, 1, 24, 24, 2), (FusedMBConv, 4, 3, 2, 24, 48, 4),
+               (FusedMBConv, 4, 3, 2, 48, 64, 4), (MBConv, 4, 3, 2, 64, 128, 6),
+               (MBConv, 6, 3, 1, 128, 160, 9), (MBConv, 6, 3, 2, 160, 256, 15))
+
+
 class EfficientNet(nn.Module):
     def __init__(self, num_classes=10, act=nn.SiLU, se_spelling="conv", stages=STAGES,
                  head=64):
         super().__init__()
         se_cls = SqueezeExcitation if se_spelling == "conv" else LinearSqueezeExcitation
-        layers = [Conv2dNormActivation(3, stages[0][3], 3, 2, activation_layer=act)]
-        for e, k, s, cin, cout, n in stages:
-            layers.append(nn.Sequential(*[MBConv(cin if i == 0 else cout, cout, e, k,
-                                                 s if i == 0 else 1, act, se_cls)
+        stages = [st if isinstance(st[0], type) else (MBConv, *st) for st in stages]
+        layers = [Conv2dNormActivation(3, stages[0][4], 3, 2, activation_layer=act)]
+        for block, e, k, s, cin, cout, n in stages:
+            layers.append(nn.Sequential(*[block(cin if i == 0 else cout, cout, e, k,
+                                                s if i == 0 else 1, act, se_cls)
                                           for i in range(n)]))
-        layers.append(Conv2dNormActivation(stages[-1][4], head, 1, activation_layer=act))
+        layers.append(Conv2dNormActivation(stages[-1][5], head, 1, activation_layer=act))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Sequential(nn.Dropout(0.0), nn.Linear(head, num_classes))
@@ -107,3 +137,10 @@ make_relu_linear_se = partial(make, act=nn.ReLU, se_spelling="linear")
 def make_b0(**kw):
     """The same layout at B0's widths and depths, 1000 classes (benchmarks/fusion_ab.py)."""
     return EfficientNet(**{"num_classes": 1000, "stages": B0_STAGES, "head": 1280, **kw})
+
+
+def make_v2(size: str = "tiny", **kw):
+    """EfficientNetV2's layout: shrunk ("tiny"), or V2-S's stages and head, 1000 classes."""
+    if size == "s":
+        kw = {"num_classes": 1000, "stages": V2_S_STAGES, "head": 1280, **kw}
+    return EfficientNet(**{"stages": V2_STAGES, **kw})
