@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import conformer  # noqa: E402
-from paired_rounds import against_site, asset_args  # noqa: E402
+from paired_rounds import against_site, asset_args, train_step  # noqa: E402
 
 BATCH = {"bench": 8, "tiny": 2}
 
@@ -35,10 +35,7 @@ def main(argv=None) -> int:
     model, batch = conformer.make(args.size).train(), args.batch
     inputs = model.example_inputs(batch, "cpu", torch.float32)
 
-    def step(m, inputs):
-        m(*inputs)[0].square().mean().backward()
-        for p in m.parameters():
-            p.grad = None
+    step = train_step(lambda y: y[0].square().mean())
     against_site(f"Conformer (torchaudio's layout), b{batch}, {model.frames} frames", model,
                  inputs, step, args.rounds, "mlp")
     print(f"load after {os.getloadavg()[0]:.2f}")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import convnext_v2  # noqa: E402
-from paired_rounds import against_site, asset_args  # noqa: E402
+from paired_rounds import against_site, asset_args, train_step  # noqa: E402
 
 BATCH = {"bench": 8, "tiny": 2}
 SIZE = {"bench": dict(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320), num_classes=1000),
@@ -38,10 +38,7 @@ def main(argv=None) -> int:
     model = convnext_v2.make_trained(**SIZE[args.size]).train()
     x = torch.randn(args.batch, 3, PIXELS[args.size], PIXELS[args.size])
 
-    def step(m, inputs):
-        m(*inputs).square().mean().backward()
-        for p in m.parameters():
-            p.grad = None
+    step = train_step(lambda y: y.square().mean())
     for layout, fmt in (("NCHW", torch.contiguous_format), ("channels-last", torch.channels_last)):
         # as `fusebench run --channels-last` does: the model's conv weights too
         against_site(f"ConvNeXt V2 ({layout}), b{args.batch}, {PIXELS[args.size]} px",

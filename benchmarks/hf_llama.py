@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import hf_llama  # noqa: E402
-from paired_rounds import against_site, asset_args  # noqa: E402
+from paired_rounds import against_site, asset_args, train_step  # noqa: E402
 
 BATCH = {"bench": 8, "tiny": 2}
 
@@ -36,11 +36,8 @@ def main(argv=None) -> int:
     model, batch = hf_llama.make(args.size), args.batch
     (ids,) = model.example_inputs(batch, "cpu", torch.float32)
 
-    def step(m, inputs):
-        logits = m(*inputs)
-        F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
-        for p in m.parameters():
-            p.grad = None
+    step = train_step(lambda logits: F.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                      ids[:, 1:].flatten()))
     against_site(f"HF-layout LLaMA, b{batch}, {ids.shape[1]} tokens", model, (ids,), step,
                  args.rounds, "attention")
     print(f"load after {os.getloadavg()[0]:.2f}")

@@ -84,6 +84,16 @@ def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str)
               f"({mib[k] / mib['eager']:.2f}x)", flush=True)
 
 
+def train_step(loss):
+    """step(m, inputs) for against_site: loss(m(*inputs)) backward, then the gradients dropped
+    (so that each step allocates them as a training loop's first step does)."""
+    def step(m, inputs):
+        loss(m(*inputs)).backward()
+        for p in m.parameters():
+            p.grad = None
+    return step
+
+
 def asset_args(doc: str, batches: dict[str, int], argv=None) -> argparse.Namespace:
     """`--threads N --rounds N --size NAME` of the benchmarks that time one test asset against
     its fused twin (hf_llama.py, conformer.py, pointnet.py): parsed, torch's thread count set,

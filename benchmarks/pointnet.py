@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assets import pointnet  # noqa: E402
-from paired_rounds import against_site, asset_args  # noqa: E402
+from paired_rounds import against_site, asset_args, train_step  # noqa: E402
 
 BATCH = {"bench": 16, "tiny": 4}
 
@@ -36,10 +36,7 @@ def main(argv=None) -> int:
     inputs = model.example_inputs(batch, "cpu", torch.float32)
     target = torch.arange(batch) % model.fc3.out_features
 
-    def step(m, inputs):
-        F.cross_entropy(m(*inputs), target).backward()
-        for p in m.parameters():
-            p.grad = None
+    step = train_step(lambda logits: F.cross_entropy(logits, target))
     against_site(f"PointNet, b{batch}, {model.points} points", model, inputs, step,
                  args.rounds, "bn_act")
     print(f"load after {os.getloadavg()[0]:.2f}")
