@@ -140,3 +140,20 @@ def test_a_channels_first_grn_is_not_this_site():
     result = fuse(ChannelsFirstGrn(6).double().train(), "train")
     assert "grn_mlp" not in result.sites
     assert not any("grn_mlp" in m for _, m in result.notes)
+
+
+def test_hooks_on_every_grn_are_one_note_with_eager_values():
+    """A user's hook on each GRN (activation statistics) keeps the MLPs unfused: one note for
+    all five, and the model still computes eager's values with the hooks run."""
+    model, seen = convnext_v2.make_trained().double(), []
+    ref = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, convnext_v2.GRN):
+            m.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    result = fuse(model, "train")
+    assert "grn_mlp" not in result.sites
+    assert ("not_fused", "grn_mlp: 5 candidate(s) not fused: a hook on its GRN module (at "
+                         "stages.0.0.grn, stages.1.0.grn, stages.2.0.grn and 2 more)") in result.notes
+    assert seen == []
+    assert_matches_eager(model, ref, (_x(2, 3, 32, 32),))
+    assert len(seen) >= 5

@@ -587,6 +587,51 @@ def test_a_hooked_module_is_a_candidate_not_fused():
                for k, m in result.notes), result.notes
 
 
+def _hook_on(model, path: str, calls: list):
+    model.get_submodule(path).register_forward_hook(lambda m, i, o: calls.append(path))
+
+
+# a custom module with a hook stays a call in its parent's graph: the pattern across it is
+# found on a second trace that goes into it (fx/hidden.py) and reported, not silently skipped
+@pytest.mark.parametrize("factory, path, pattern, sites", [
+    (functools.partial(convnext_v2.make_trained, grn="official"), "stages.0.0.grn", "grn_mlp",
+     {"grn_mlp": 4}),
+    (functools.partial(convnext_v2.make_trained, grn="timm"), "stages.2.1.grn", "grn_mlp",
+     {"grn_mlp": 4}),
+    (nano_gpt.make_new_gelu, "transformer.h.0.mlp.gelu", "mlp", {"mlp": 1}),
+    (convnext_official.make, "stages.1.0.norm", "ln2d", {"ln2d": 8, "mlp": 5}),
+], ids=["GRN", "timm GRN", "GPT's GELU class", "official LayerNorm"])
+def test_a_hooked_custom_module_inside_a_candidate_is_a_reason(factory, path, pattern, sites):
+    model, calls = build(factory), []
+    _hook_on(model, path, calls)
+    result = fuse(model, "train")
+    assert {k: result.sites[k] for k in sites} == sites
+    kind = type(model.get_submodule(path)).__name__
+    assert (("not_fused", f"{pattern}: 1 candidate(s) not fused: a hook on its {kind} module "
+                          f"(at {path})") in result.notes), result.notes
+    assert calls == []                              # not called by the traces (with Proxies)
+    model(*(tokens() if factory is nano_gpt.make_new_gelu else (image(),)))
+    assert calls == [path]                          # and still runs, once per forward
+
+
+def test_a_hooked_block_is_fused_inside_without_a_note():
+    """Hooks on whole blocks (feature extraction) keep each block a call; its own graph is still
+    fused, and no pattern spans a block's boundary, so nothing is reported."""
+    plain = fuse(build(convnext_official.make), "train")
+    model, calls = build(convnext_official.make), []
+    paths = [p for p, m in model.named_modules() if type(m).__name__ == "Block"]
+    for p in paths:
+        _hook_on(model, p, calls)
+    result = fuse(model, "train")
+    assert result.sites == plain.sites and result.sites["mlp"] == len(paths)
+    assert not [m for k, m in result.notes if "hook" in m], result.notes
+    ref = build(convnext_official.make)
+    calls.clear()
+    model(image())
+    assert sorted(calls) == sorted(paths)
+    assert_matches_eager(model, ref, (image(),))
+
+
 def test_unsupported_activation_is_a_reason():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Hardsigmoid())
     result = fuse(model, "train")

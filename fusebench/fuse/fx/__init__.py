@@ -8,6 +8,7 @@
   stars.py    `*shape` spliced at run time, a forward's `**kwargs` passed on (traced empty)
   shims.py    torch calls that refuse a traced value (`torch.ones(T, T)`, `torch.finfo(x.dtype)`)
   leaves.py   functions and modules kept whole as one node (einops; a user's register_leaf)
+  hidden.py   candidates a hooked custom module (a call in the graph) keeps from a pattern
   products.py a matrix product however written (@, matmul, bmm, an einsum that is one)
   causal.py   whether a mask node is the causal pattern (the attention site's is_causal)
   torch_modules.py  torch.nn's transformer modules, which fx keeps leaves: walked into, traced
@@ -30,6 +31,7 @@ from collections import Counter, defaultdict
 import torch.fx as fx
 import torch.nn as nn
 
+from fusebench.fuse.fx import hidden
 from fusebench.fuse.fx.leaves import register_leaf
 from fusebench.fuse.fx.modes import REGION
 from fusebench.fuse.fx.nodes import hooked, module, op
@@ -60,6 +62,8 @@ def graph_pass(model: nn.Module, ctx, names: list[str]) -> Counter:
                 changed[id(m)] = m
         if id(m) in changed:     # every op of theirs now inside a site: not left unfused
             ctx.covered.update(inlined.keys() - _inlined_leaves(gm, m).keys())
+        for miss, where in hidden.misses(gm, scope, patterns) if counted else ():
+            misses[(miss.pattern, miss.reason)].append(f"{path}.{where}" if path else where)
     for m in changed.values():
         gms = [gm for _, mm, gm in roots if mm is m]
         for gm in gms:

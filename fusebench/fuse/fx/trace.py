@@ -33,8 +33,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fusebench.errors import first_line
-from fusebench.fuse.fx import (leaves, modes, shims, specialise, stars, static, torch_modules,
-                               typecheck, wrapped)
+from fusebench.fuse.fx import (hidden, leaves, modes, shims, specialise, stars, static,
+                               torch_modules, typecheck, wrapped)
 from fusebench.fuse.fx import nodes as N
 from fusebench.fuse.fx.nodes import hooked
 from fusebench.fuse.rule import FusedModule, torch_layer_of
@@ -43,10 +43,12 @@ CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, opaque: set[int], buffers: bool = False):
+    def __init__(self, opaque: set[int], buffers: bool = False,
+                 see_through: frozenset[int] = frozenset()):
         # shape helpers (einops, a user's registered ones) become one node each: fx/leaves.py
         super().__init__(autowrap_modules=leaves.modules(), autowrap_functions=leaves.functions())
         self.opaque = opaque
+        self.see_through = see_through     # hooked modules traced into anyway (fx/hidden.py)
         self.proxy_buffer_attributes = buffers
         self.modes: modes.Recorder | None = None
         self.kwargs_dropped = False
@@ -89,10 +91,13 @@ class _Tracer(fx.Tracer):
             if next(m.parameters(), None) is None and next(m.buffers(), None) is None:
                 return forward(*args, **kwargs)
             raise
+        if id(m) in self.see_through:    # its forward only: a user's hook never sees a Proxy
+            forward = m.forward
         return super().call_module(m, forward, args, kwargs)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return (isinstance(m, FusedModule) or id(m) in self.opaque or hooked(m)
+        return (isinstance(m, FusedModule) or id(m) in self.opaque
+                or (hooked(m) and id(m) not in self.see_through)
                 or super().is_leaf_module(m, qualname) or _std_leaf(m))
 
     def to_bool(self, obj: fx.Proxy) -> bool:
@@ -266,7 +271,7 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
     failed: dict[tuple[str, str], list[str]] = {}      # (class, reason) -> paths
     kept: dict[tuple[str, str], list[str]] = {}        # (class, reason) -> paths
 
-    def trace(m):
+    def trace(m, see_through=frozenset()):
         if isinstance(m, CONTAINERS) or torch_modules.walked_only(m):
             return None
         first, root = None, wrapped.stand_in(torch_modules.traced_as(m))
@@ -275,7 +280,8 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
         for buffers in (False, True):
             def attempt(concrete):
                 with _attributes_kept(m) as assigned:
-                    graph = _Tracer(opaque, buffers).trace(root, concrete_args=concrete)
+                    graph = _Tracer(opaque, buffers, see_through).trace(
+                        root, concrete_args=concrete)
                 if assigned:
                     raise RuntimeError(f"its forward assigns {', '.join(sorted(assigned))}, "
                                        f"which a traced graph would not do")
@@ -333,6 +339,9 @@ def graph_roots(model: nn.Module, notes: list) -> list[tuple[str, nn.Module, fx.
         return out
     with _buffers_kept(model):
         roots = resolve("", model)
+        for _, m, gm in roots:       # where a hook keeps a custom module a call: fx/hidden.py
+            if getattr(gm, "fusebench_variant", 0) == 0:
+                hidden.attach(gm, m, trace, _std_leaf)
     for (cls, reason), paths in failed.items():     # one note per class and reason
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
         notes.append(("fx_fallback", f"fx trace of {', '.join(paths[:3])}{more} ({cls}) "
