@@ -8,7 +8,9 @@ ConvNeXt V2-Atto's depths and widths (2, 2, 6, 2; 40, 80, 160, 320), 1000 classe
 160 px. Fused mode takes the blocks' fc1 -> GELU -> GRN -> fc2 + residual (grn_mlp), the
 LayerNorms (ln2d), the depthwise convs (dwconv) and the stem's / downsamples' patch convs
 (patchify); the third column is fused without the grn_mlp site (fused mode before it had
-one). Train steps on the mean of squares of the logits, paired per round as
+one), the fourth the site with GRN in torch ops after the bias + GELU kernel (`impls={"grn":
+"function"}`: the site before the grn kernels, kernels/grn), timed against fused too (its
+ratio > 1: the kernel is faster). Train steps on the mean of squares of the logits, paired per round as
 paired_rounds.against_site takes them (eager/other ratios with 95% bootstrap intervals, the
 bytes each saves for backward); measure on a quiet machine."""
 from __future__ import annotations
@@ -43,7 +45,8 @@ def main(argv=None) -> int:
         # as `fusebench run --channels-last` does: the model's conv weights too
         against_site(f"ConvNeXt V2 ({layout}), b{args.batch}, {PIXELS[args.size]} px",
                      copy.deepcopy(model).to(memory_format=fmt), (x.to(memory_format=fmt),),
-                     step, args.rounds, "grn_mlp")
+                     step, args.rounds, "grn_mlp",
+                     {"GRN in torch ops": {"impls": {"grn": "function"}}})
     print(f"load after {os.getloadavg()[0]:.2f}")
     return 0
 

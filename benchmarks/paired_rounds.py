@@ -61,10 +61,13 @@ def saved_bytes(model, *inputs, params=None) -> int:
     return counter.bytes
 
 
-def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str) -> None:
+def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str,
+                 variants: dict[str, dict] | None = None) -> None:
     """eager, fused (fusebench.fuse) and fused without graph pattern `site` (about fused mode
     before it) on copies of `eager`, `step(model, inputs)` alternately for `rounds` rounds:
-    prints each median, the eager/other ratios [95% CI] and the bytes each saves for backward."""
+    prints each median, the eager/other ratios [95% CI] and the bytes each saves for backward.
+    variants: more fused copies, name -> fuse()'s keyword arguments (e.g. `impls`), each also
+    timed against fused (fused/variant's inverse: variant/fused > 1 means fused is faster)."""
     import copy
     import statistics
 
@@ -74,14 +77,19 @@ def against_site(label: str, eager, inputs: tuple, step, rounds: int, site: str)
     fuse(before, "train", only=[n for n in (*ORDER, *graph_order()) if n != site])
     without = f"no {site} site"
     models = {"eager": eager, "fused": fused, without: before}
+    for name, kw in (variants or {}).items():
+        models[name] = copy.deepcopy(eager)
+        fuse(models[name], "train", **kw)
     t = alternate({k: (lambda m=m: step(m, inputs)) for k, m in models.items()}, rounds)
     mib = {k: saved_bytes(m, *inputs) / 2**20 for k, m in models.items()}
     print(f"{label} (sites {dict(sites)}):",
           ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms" for k, v in t.items()))
-    for k in ("fused", without):
+    for k in (k for k in models if k != "eager"):
         print(f"  eager/{k} {ratio_ci(t['eager'], t[k])} over {rounds} rounds; saved for "
               f"backward {mib[k]:.1f} vs eager's {mib['eager']:.1f} MiB "
               f"({mib[k] / mib['eager']:.2f}x)", flush=True)
+    for k in variants or {}:
+        print(f"  {k}/fused {ratio_ci(t[k], t['fused'])}", flush=True)
 
 
 def train_step(loss):

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusebench.fuse import fuse
-from tests.helpers import assert_matches_eager, autograd_nodes
+from tests.helpers import assert_close_to_float64, assert_matches_eager, autograd_nodes
 from tests.test_fuse_patterns import saved_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,10 +58,48 @@ def test_grn_mlp_saves_a_third_of_eager_and_matches_float64(grn, act, bound):
     assert dict(fuse(model, "train").sites) == {"grn_mlp": 1}
     x = _x(4, 8, 8, 6)
     y = assert_matches_eager(model, ref, (x,))
-    assert [k.split("[")[0] for k in kernels(y)] == ["grn_mlp"]
+    assert kernels(y) == ["grn_mlp[cpu]"]                    # GRN in the C++ kernel (grn.h)
     # eager keeps x, fc1's output, the act's, g * n and GRN's output (ReLU: its output, not
     # its input); the site x, fc1's output (ReLU: the act's) and the (N, 1, 1, C) norms
     assert saved_bytes(model, (x,)) < bound * saved_bytes(ref, (x,))
+
+
+@pytest.mark.parametrize("impl", ["function", "cpu", "triton"])
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(), nn.ReLU()],
+                         ids=["gelu", "gelu_tanh", "silu", "relu"])
+def test_each_grn_impl_in_the_site_matches_float64(impl, act):
+    """The site on each bound grn impl (fuse(impls=...)): fc1's bias in the kernel's pass, the
+    block's values and every gradient as eager's in float64 (Triton: interpreted, computing in
+    float32), and the kernel it names is the one that ran ("function": the site's torch path,
+    GRN in torch ops after the act's own pair)."""
+    if impl == "triton":
+        from tests.helpers import interpreted_triton
+        interpreted_triton()
+    torch.manual_seed(0)
+    model = GrnMlp(6, "timm", act).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train", impls={"grn": impl}).sites) == {"grn_mlp": 1}
+    x = _x(3, 5, 4, 6)
+    if impl == "triton":
+        y = assert_close_to_float64(model.float(), ref, (x.float(),), 1e-5, 1e-4, 1e-4,
+                                    ref_inputs=(x,))
+    else:
+        y = assert_matches_eager(model, ref, (x,))
+    if impl == "function":
+        assert len(kernels(y)) == 1 and kernels(y)[0] not in ("grn_mlp[cpu]", "grn_mlp[triton]")
+    else:
+        assert kernels(y) == [f"grn_mlp[{impl}]"]
+
+
+def test_an_act_the_grn_kernels_do_not_take_runs_the_torch_site():
+    """Hardswish is no grn kernel's act: the site still fuses, GRN in torch ops after the act's
+    own pair, as eager in float64."""
+    torch.manual_seed(0)
+    model = GrnMlp(6, act=nn.Hardswish()).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train").sites) == {"grn_mlp": 1}
+    y = assert_matches_eager(model, ref, (_x(2, 4, 4, 6),))
+    assert [k.split("[")[0] for k in kernels(y)] == ["grn_mlp"] and kernels(y) != ["grn_mlp[cpu]"]
 
 
 @pytest.mark.parametrize("channels_last, folded", [(True, True), (False, False)])

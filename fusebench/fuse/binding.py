@@ -8,7 +8,9 @@ so each act impl is listed with its pair, in one call convention:
   bias_gelu: fwd(x, b, approximate) -> y, bwd(dy, x, b, approximate) -> (dx, db), and
   bwd_y(dy, x, b, approximate) -> (dx, db, y): the backward that also recomputes y (the MLP's
   fc2 weight gradient needs it) from the same read of x, one exp per value for both;
-  glu: fwd(a, b, act) -> act(a) * b, bwd(dp, a, b, act, want_p) -> (da, db[, act(a) * b])."""
+  glu: fwd(a, b, act) -> act(a) * b, bwd(dp, a, b, act, want_p) -> (da, db[, act(a) * b]);
+  grn: fwd(h, b, gamma, beta, eps, act) -> (u, G, m), bwd(du, h, b, gamma, beta, G, m, act,
+  want_u) -> (dh, db, dgamma, dbeta[, u]): GRN after bias + act (kernels/grn)."""
 from __future__ import annotations
 
 import functools
@@ -49,7 +51,7 @@ FAMILY_OF = {"glu_packed": "glu"}
 def _function_pairs() -> dict[str, tuple[Callable, ...]]:
     # looked up when bound, not at import, so a spy on the family module sees the calls
     out = {}
-    for family in ("silu", "se_gate", "bias_gelu", "glu", "glu_packed"):
+    for family in ("silu", "se_gate", "bias_gelu", "glu", "glu_packed", "grn"):
         mod = importlib.import_module(f"fusebench.kernels.{FAMILY_OF.get(family, family)}"
                                       ".function")
         out[family] = (getattr(mod, f"{family}_fwd"), getattr(mod, f"{family}_bwd"))
@@ -59,8 +61,10 @@ def _function_pairs() -> dict[str, tuple[Callable, ...]]:
 
 def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
     from fusebench.kernels.glu import native as glu_native
+    from fusebench.kernels.grn import native as grn_native
     ext, d = act_cpu.extension(), act_cpu.dense
     return {"glu": (glu_native.glu_cpu_fwd, glu_native.glu_cpu_bwd),
+            "grn": (grn_native.grn_cpu_fwd, grn_native.grn_cpu_bwd),
             "glu_packed": (glu_native.glu_packed_cpu_fwd, glu_native.glu_packed_cpu_bwd),
             "silu": (lambda x: ext.silu_forward(d(x)), ext.silu_backward),
             "se_gate": (lambda x, g, hard=0.0: ext.se_gate_forward(d(x), g, hard),
@@ -73,8 +77,10 @@ def _cpu_pairs() -> dict[str, tuple[Callable, ...]]:
 
 
 def _triton_pairs() -> dict[str, tuple[Callable, ...]]:
+    from fusebench.kernels.grn import native as grn_native
     tr = act_triton
     return {"glu": (tr.glu_triton_fwd, tr.glu_triton_bwd),
+            "grn": (grn_native.grn_triton_fwd, grn_native.grn_triton_bwd),
             "glu_packed": (tr.glu_packed_triton_fwd, tr.glu_packed_triton_bwd),
             "silu": (tr.silu_triton_fwd, tr.silu_triton_bwd),
             "se_gate": (tr.se_gate_triton_fwd, tr.se_gate_triton_bwd),
@@ -122,9 +128,9 @@ def _by_layout(cl: Pure, nchw: Pure) -> Pure:
 # and three backward passes, 1.5-1.6x fwd+bwd (benchmarks/llama_parts.py); CUDA: Triton, not
 # yet timed there.
 PREFERRED = {"cuda": {"silu": "triton", "se_gate": "triton", "bias_gelu": "triton",
-                      "glu": "triton", "glu_packed": "triton"},
+                      "glu": "triton", "glu_packed": "triton", "grn": "triton"},
              "cpu": {"silu": "function", "se_gate": "cpu", "bias_gelu": "cpu|function",
-                     "glu": "cpu", "glu_packed": "cpu"}}
+                     "glu": "cpu", "glu_packed": "cpu", "grn": "cpu"}}
 FALLBACK_IMPL = "function"
 
 

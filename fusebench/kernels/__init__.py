@@ -2,7 +2,7 @@
 problem (problem.py) when imported; this package imports them all, so any import of
 fusebench.kernels sees every family. `import fusebench` alone stays cheap: it never imports this."""
 from fusebench.kernels import (  # noqa: F401
-    bias_gelu, bn_act, dwconv, glu, gn_act, ln2d, rms_norm, se_gate, silu)
+    bias_gelu, bn_act, dwconv, glu, gn_act, grn, ln2d, rms_norm, se_gate, silu)
 from fusebench.kernels.problem import PROBLEMS, KernelProblem, get_problem
 from fusebench.kernels.registry import families, get_impl, list_impls, register_impl
 

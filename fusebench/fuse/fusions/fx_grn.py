@@ -9,9 +9,14 @@ and the product's factors.
 
 out = g * s + beta with s = 1 + gamma * n: a per-image, per-channel scale. The site keeps only
 fc1's output h0 (as the mlp site does) and the (N, 1, 1, C) norms; eager keeps fc1's output,
-the GELU's, `g * n` and GRN's output (4 tensors of fc1's width). Backward rebuilds g (the
-bias_gelu kernel where bound) and the GRN's output fc2's weight gradient reads, and runs GRN's
-backward on (N, C) sums. A GELU's own bias: as in the mlp site (BiasAct)."""
+the GELU's, `g * n` and GRN's output (4 tensors of fc1's width). Backward rebuilds g and the
+GRN's output fc2's weight gradient reads, and runs GRN's backward on (N, C) sums.
+
+Where the act is one the grn kernel family takes (GELU, tanh GELU, SiLU, ReLU) and a native
+impl is bound (C++ on CPU, Triton on CUDA: kernels/grn), everything between the GEMMs is that
+kernel: two passes over fc1's width per direction, fc1's bias added in its passes (1.11-1.14x
+the torch path over ConvNeXt V2-Atto's train step: docs/fused.md, forty-eighth session).
+Otherwise GRN runs in torch ops after the act's own pair (BiasAct, as in the mlp site)."""
 from __future__ import annotations
 
 import functools
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from fusebench.fuse.binding import Pure
 from fusebench.fuse.engine import MultiOpKernel, run_ops
 from fusebench.fuse.fusions.fx_mlp import FC, BiasAct, _residual_nchw, _same, _to_nchw, foldable
 from fusebench.fuse.fx import nodes as N
@@ -27,6 +33,7 @@ from fusebench.fuse.fx.acts import match_act, pure_act
 from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.fuse.fx.residual import run_ops_residual
 from fusebench.fuse.fx.spelled import factors
+from fusebench.kernels.grn.function import ACTS as GRN_ACTS
 
 SPATIAL = ((1, 2), (-3, -2))        # H, W of an (N, H, W, C) tensor
 CHANNEL = ((-1,), (3,))
@@ -203,6 +210,31 @@ def grn_mlp_kernel(ba: BiasAct, eps: float) -> MultiOpKernel:
 
 
 @functools.cache
+def grn_pair_kernel(pair: Pure, act: str, eps: float) -> MultiOpKernel:
+    """The site with GRN's elementwise part in the bound grn family pair (kernels/grn: the C++
+    or Triton kernels, two passes over fc1's width per direction, g recomputed in each):
+    fc1's bias added there too, so its gradient comes out of the second backward pass."""
+    fc_bwd = FC["linear"].bwd
+
+    def fwd(h0, groups, res=None):
+        (b1,), (gamma, beta), (w2, *b2) = (groups[0] or (None,)), groups[1], groups[2]
+        u, big, m = pair.fwd(h0, b1, gamma, beta, eps, act)
+        b2 = b2[0] if b2 else None
+        y = FC["linear"].fwd(u, w2, b2) if res is None else FC["linear"].add(res, u, w2, b2)
+        return y, (h0, big, m)
+
+    def bwd(dy, saved, groups):
+        (h0, big, m), (b1,) = saved, (groups[0] or (None,))
+        (gamma, beta), (w2, *b2) = groups[1], groups[2]
+        du, weight_grads = fc_bwd(dy, h0, w2, bool(b2))
+        dh, db1, dgamma, dbeta, u = pair.bwd(du, h0, b1, gamma, beta, big, m, act, True)
+        dw2, db2 = weight_grads(u)
+        return dh, ((db1,) if b1 is not None else (), (dgamma, dbeta),
+                    (dw2, db2) if b2 else (dw2,))
+    return MultiOpKernel(f"grn_mlp[{pair.impl}]", fwd, bwd)
+
+
+@functools.cache
 def act_kernel(ba: BiasAct) -> MultiOpKernel:
     """act(h0 [+ b1]) alone, for the site's path where the input is not 4-D."""
     def fwd(h0, groups):
@@ -222,23 +254,26 @@ def grn_eager(g, gamma, beta, eps):
     return gamma * (g * (big / m)) + beta + g
 
 
-def grn_mlp_site(ba: BiasAct, eps: float, residual: bool, nchw_out: bool) -> Site:
+def grn_mlp_site(ba: BiasAct, eps: float, residual: bool, nchw_out: bool,
+                 pair: tuple[Pure, str] | None = None) -> Site:
     """run(x, w1, b1, gamma, beta, w2, b2[, res]): with residual, res + the MLP (the add in
-    fc2's GEMM where layouts allow); nchw_out: the rows go back to (N, C, H, W) first."""
-    kernel = grn_mlp_kernel(ba, eps)
+    fc2's GEMM where layouts allow); nchw_out: the rows go back to (N, C, H, W) first. pair:
+    the bound grn family pair and its act name, where the act is one it takes."""
+    kernel = grn_pair_kernel(*pair, eps) if pair else grn_mlp_kernel(ba, eps)
+    bias_in_fc1 = ba.bias_in_fc1 and not pair
     fc = FC["linear"]
 
     def run(x, w1, b1, gamma, beta, w2, b2, *rest):
         res = rest[0] if residual else None
         back, acc = (_to_nchw, res.permute(0, 2, 3, 1) if res is not None and res.dim() == 4
                      else None) if nchw_out else (_same, res)
-        b_in = b1 if ba.bias_in_fc1 else None
-        h0 = fc.fwd(x, w1, b_in)
-        if h0.dim() != 4:
+        if x.dim() != 4:          # fc1's output is not (N, H, W, C): the GRN as written
+            h0 = fc.fwd(x, w1, b1 if ba.bias_in_fc1 else None)
             g = run_ops(act_kernel(ba), h0, ((None if ba.bias_in_fc1 else b1,),))
             y = back(fc.fwd(grn_eager(g, gamma, beta, eps), w2, b2))
             return y if res is None else y + res
-        groups = ((None if ba.bias_in_fc1 else b1,), (gamma, beta), (w2, b2))
+        h0 = fc.fwd(x, w1, b1 if bias_in_fc1 else None)
+        groups = ((None if bias_in_fc1 else b1,), (gamma, beta), (w2, b2))
         if res is None:
             return run_ops(kernel, h0, groups)
         if acc is None or not foldable(acc, h0, w2, "linear"):
@@ -275,11 +310,16 @@ def grn_mlp(n, scope):
         return Miss("grn_mlp", "an intermediate output is used elsewhere too")
     bias_gelu = scope.ctx.act("bias_gelu") if act.kind == "gelu" and fc1.bias else None
     ba = BiasAct(pure_act(act.kind, act.approximate, scope.ctx), bias_gelu, act.approximate, -1)
+    name = "gelu_tanh" if act.kind == "gelu" and act.approximate == "tanh" else act.kind
+    bound = scope.ctx.act("grn") if name in GRN_ACTS else None
+    # the grn family's torch pair would run the act in aten too: the site's own torch path
+    # keeps the act in its bound kernel (bias_gelu's C++ one on CPU)
+    pair = (bound, name) if bound is not None and bound.impl != "function" else None
     args = (Attr(fc1.weight), fc1.bias and Attr(fc1.bias), Attr(grn.gamma), Attr(grn.beta),
             Attr(fc2.weight), fc2.bias and Attr(fc2.bias))
     nodes = (*drops2, *grn.nodes, *drops1, act_node, *act.nodes, act.x, *fc2.inner)
     end, res, skipped, nchw_out = _residual_nchw(n, scope)
     if res is not None:
         args = (*args, res)
-    return Hit("grn_mlp", end, grn_mlp_site(ba, grn.eps, res is not None, nchw_out),
+    return Hit("grn_mlp", end, grn_mlp_site(ba, grn.eps, res is not None, nchw_out, pair),
                (fc1.x, *args), (*nodes, *skipped))

@@ -231,3 +231,68 @@ def mlp_fwd_kernel(X, W1, B1, W2, B2, R, OUT, H0, M, C, HID, O,
     if HAS_R:
         acc += tl.load(R + offs, mask=mm[:, None] & om[None, :], other=0.0).to(tl.float32)
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mm[:, None] & om[None, :])
+
+
+# GRN after bias + act over a contiguous (N, H, W, C) h (kernels/grn/native.py): _tile's
+# tiling with stride_c 1 and stride_hw C, one image n and BLOCK_HW rows per program; the
+# (n, c) sums come out as one partial row per program, as bias_gelu's dbias does. g = act(h +
+# b) is recomputed in every pass rather than written and read back. ACT: _glu_act's codes.
+@triton.jit
+def _grn_g(H, B, n, pid_hw, C, HW, ACT: tl.constexpr, BLOCK_C: tl.constexpr,
+           BLOCK_HW: tl.constexpr):
+    cs, cm, mask, offs = _tile(pid_hw, n, C, HW, HW * C, 1, C, BLOCK_C, BLOCK_HW)
+    b = tl.load(B + cs, mask=cm, other=0.0).to(tl.float32)
+    z = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32) + b[:, None]
+    return cs, cm, mask, offs, z, tl.where(mask, _glu_act(z, ACT), 0.0)
+
+
+@triton.jit
+def grn_sumsq_kernel(H, B, SQp, C, HW, ACT: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_HW: tl.constexpr):
+    pid_hw = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs, z, g = _grn_g(H, B, n, pid_hw, C, HW, ACT, BLOCK_C, BLOCK_HW)
+    row = n * tl.num_programs(0) + pid_hw
+    tl.store(SQp + row * C + cs, tl.sum(g * g, axis=1), mask=cm)
+
+
+@triton.jit
+def grn_out_kernel(H, B, S, BETA, U, C, HW, ACT: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_HW: tl.constexpr):
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs, z, g = _grn_g(H, B, n, tl.program_id(0), C, HW, ACT, BLOCK_C,
+                                      BLOCK_HW)
+    s = tl.load(S + n * C + cs, mask=cm, other=0.0)
+    beta = tl.load(BETA + cs, mask=cm, other=0.0)
+    tl.store(U + offs, (g * s[:, None] + beta[:, None]).to(U.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def grn_sums_kernel(DU, H, B, S, BETA, U, DSp, SDUp, C, HW, ACT: tl.constexpr,
+                    WANT_U: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    pid_hw = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs, z, g = _grn_g(H, B, n, pid_hw, C, HW, ACT, BLOCK_C, BLOCK_HW)
+    du = tl.load(DU + offs, mask=mask, other=0.0).to(tl.float32)
+    if WANT_U:                                   # GRN's output, for fc2's weight gradient
+        s = tl.load(S + n * C + cs, mask=cm, other=0.0)
+        beta = tl.load(BETA + cs, mask=cm, other=0.0)
+        tl.store(U + offs, (g * s[:, None] + beta[:, None]).to(U.dtype.element_ty), mask=mask)
+    row = n * tl.num_programs(0) + pid_hw
+    tl.store(DSp + row * C + cs, tl.sum(du * g, axis=1), mask=cm)
+    tl.store(SDUp + row * C + cs, tl.sum(du, axis=1), mask=cm)
+
+
+@triton.jit
+def grn_grad_kernel(DU, H, B, S, K, DH, DBp, C, HW, ACT: tl.constexpr, BLOCK_C: tl.constexpr,
+                    BLOCK_HW: tl.constexpr):
+    pid_hw = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    cs, cm, mask, offs, z, g = _grn_g(H, B, n, pid_hw, C, HW, ACT, BLOCK_C, BLOCK_HW)
+    du = tl.load(DU + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(S + n * C + cs, mask=cm, other=0.0)
+    k = tl.load(K + n * C + cs, mask=cm, other=0.0)
+    dh = tl.where(mask, (du * s[:, None] + g * k[:, None]) * _glu_act_grad(z, ACT), 0.0)
+    tl.store(DH + offs, dh.to(DH.dtype.element_ty), mask=mask)
+    row = n * tl.num_programs(0) + pid_hw
+    tl.store(DBp + row * C + cs, tl.sum(dh, axis=1), mask=cm)

@@ -11,7 +11,8 @@
 // Reductions (dbias, dgate) go through fixed per-task partials summed at the end: results do
 // not depend on the thread count.
 // Also here: the MLP's row blocks (mlp_blocks.h, fuse/mlp_blocks.py), which run these GELU rows
-// between aten's GEMMs; compiled into this extension so that torch's headers are parsed once.
+// between aten's GEMMs, and GRN after an act (grn.h, the grn_mlp site's elementwise part);
+// compiled into this extension so that torch's headers are parsed once.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -20,6 +21,7 @@
 #include "../cpu_math.h"
 #include "../huge_pages.h"
 #include "gelu_rows.h"
+#include "grn.h"
 #include "mlp_blocks.h"
 
 #include <algorithm>
@@ -522,6 +524,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("glu_packed_backward", &glu_packed_backward,
         "(d_ab,) from the saved ab, packed as ab; want_p: (d_ab, act(gate) * up)", py::arg("dp"),
         py::arg("ab"), py::arg("act"), py::arg("gate_second") = false, py::arg("want_p") = false);
+  m.def("grn_forward", &fusebench::grn::forward,
+        "(u, G, m): u = GRN(act(h + b)) over a contiguous (N, H, W, C) h (grn.h)", py::arg("h"),
+        py::arg("b"), py::arg("gamma"), py::arg("beta"), py::arg("eps"), py::arg("act"));
+  m.def("grn_backward", &fusebench::grn::backward,
+        "(dh, db, dgamma, dbeta[, u]) from du and the saved h, G, m (grn.h)", py::arg("du"),
+        py::arg("h"), py::arg("b"), py::arg("gamma"), py::arg("beta"), py::arg("G"),
+        py::arg("m"), py::arg("act"), py::arg("want_u") = false);
   m.def("mlp_forward", &fusebench::mlp_blocks::forward,
         "(out, h0): gelu(x w1^T + b1) w2^T [+ b2] [+ res], in row blocks (mlp_blocks.h)",
         py::arg("x"), py::arg("w1"), py::arg("b1"), py::arg("w2"), py::arg("b2"), py::arg("res"),

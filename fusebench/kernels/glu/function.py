@@ -11,7 +11,7 @@ from fusebench.kernels.registry import register_impl
 ACTS = ("silu", "relu", "gelu", "gelu_tanh")
 
 
-def _act(a, act: str):
+def act_of(a, act: str):
     if act == "silu":
         return F.silu(a)
     if act == "relu":
@@ -19,7 +19,7 @@ def _act(a, act: str):
     return F.gelu(a, approximate="tanh" if act == "gelu_tanh" else "none")
 
 
-def _act_bwd(g, a, act: str):
+def act_grad(g, a, act: str):
     """g * act'(a), in aten's own backward ops (the same numbers as eager's autograd)."""
     if act == "silu":
         return torch.ops.aten.silu_backward(g, a)
@@ -31,18 +31,18 @@ def _act_bwd(g, a, act: str):
 
 def glu_reference(a, b, act: str = "silu"):
     """float64 ground truth."""
-    return _act(a.double(), act) * b.double()
+    return act_of(a.double(), act) * b.double()
 
 
 def glu_fwd(a, b, act: str = "silu"):
-    return _act(a, act) * b
+    return act_of(a, act) * b
 
 
 def glu_bwd(dp, a, b, act: str = "silu", want_p: bool = False):
     """(da, db), or (da, db, act(a) * b) with want_p (the down projection's weight gradient
     needs p; backward rebuilds it here rather than forward saving it)."""
-    s = _act(a, act)
-    da, db = _act_bwd(dp * b, a, act), dp * s
+    s = act_of(a, act)
+    da, db = act_grad(dp * b, a, act), dp * s
     return (da, db, s * b) if want_p else (da, db)
 
 
@@ -94,7 +94,7 @@ def checked_act(act: str) -> str:
 @register_impl("glu", "eager")
 def glu_eager(a, b, act: str = "silu"):
     """act(a) * b in aten, as LLaMA writes it: saves a, act(a) and b."""
-    return _act(a, checked_act(act)) * b
+    return act_of(a, checked_act(act)) * b
 
 
 @register_impl("glu", "function")
