@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
+from fusebench.kernels.function_class import function_class
 
 
 def bn_act_function(name: str, forward: Callable, backward: Callable) -> type:
@@ -16,14 +16,12 @@ def bn_act_function(name: str, forward: Callable, backward: Callable) -> type:
         ctx.act = act
         return y
 
-    @torch.autograd.function.once_differentiable
     def bwd(ctx, dy):
         x, weight, bias, mean, invstd = ctx.saved_tensors
         dx, dw, db = backward(dy, x, weight, bias, mean, invstd, ctx.act)
         return dx, dw, db, None, None
 
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+    return function_class(name, fwd, bwd, once=True)
 
 
 def bn_add_relu_function(name: str, forward: Callable, backward: Callable) -> type:
@@ -36,11 +34,9 @@ def bn_add_relu_function(name: str, forward: Callable, backward: Callable) -> ty
         ctx.save_for_backward(x, weight, bias, mean, invstd, y)
         return y
 
-    @torch.autograd.function.once_differentiable
     def bwd(ctx, dy):
         x, weight, bias, mean, invstd, y = ctx.saved_tensors
         dx, dw, db, dr = backward(dy, x, weight, bias, mean, invstd, "relu", output=y)
         return dx, dr, dw, db, None
 
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+    return function_class(name, fwd, bwd, once=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fusebench.kernels.function_class import function_class
 from fusebench.kernels.registry import register_impl
 
 ACTS = ("silu", "relu", "gelu", "gelu_tanh")
@@ -76,10 +77,7 @@ def glu_function(fwd, bwd, name: str, once: bool = False) -> type:
     def backward(ctx, dp):
         a, b = ctx.saved_tensors
         return (*bwd(dp, a, b, ctx.act), None)
-    if once:
-        backward = torch.autograd.function.once_differentiable(backward)
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function_class(name, forward, backward, once)
 
 
 GLUFunction = glu_function(glu_fwd, glu_bwd, "GLUFunction")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from fusebench.kernels.bn_act.reference import ACTS
+from fusebench.kernels.function_class import function_class
 from fusebench.kernels.registry import register_impl
 
 
@@ -72,10 +73,7 @@ def gn_act_function_class(fwd, bwd, name: str, once: bool = False) -> type:
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         return (*bwd(dy, x, weight, bias, mean, rstd, ctx.groups, ctx.act), None, None, None)
-    if once:
-        backward = torch.autograd.function.once_differentiable(backward)
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function_class(name, forward, backward, once)
 
 
 GNActFunction = gn_act_function_class(gn_act_fwd, gn_act_bwd, "GNActFunction")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from fusebench.kernels.glu.function import act_grad, act_of
+from fusebench.kernels.function_class import function_class
 from fusebench.kernels.registry import register_impl
 
 ACTS = ("silu", "relu", "gelu", "gelu_tanh")      # what the native kernels take (cpu_math.h)
@@ -92,10 +93,7 @@ def grn_function(fwd, bwd, name: str, once: bool = False) -> type:
     def backward(ctx, du):
         h, b, gamma, beta, big, m = ctx.saved_tensors
         return (*bwd(du, h, b, gamma, beta, big, m, ctx.act), None, None)
-    if once:
-        backward = torch.autograd.function.once_differentiable(backward)
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function_class(name, forward, backward, once)
 
 
 GRNFunction = grn_function(grn_fwd, grn_bwd, "GRNFunction")

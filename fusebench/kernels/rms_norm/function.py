@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from fusebench.kernels.function_class import function_class
 from fusebench.kernels.registry import register_impl
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -45,10 +46,7 @@ def rms_norm_function_class(fwd, bwd, name: str, once: bool = False) -> type:
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         return (*bwd(dy, x, weight, rstd), None)
-    if once:
-        backward = torch.autograd.function.once_differentiable(backward)
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function_class(name, forward, backward, once)
 
 
 RMSNormFunction = rms_norm_function_class(rms_norm_fwd, rms_norm_bwd, "RMSNormFunction")
