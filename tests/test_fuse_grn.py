@@ -91,6 +91,22 @@ def test_each_grn_impl_in_the_site_matches_float64(impl, act):
         assert kernels(y) == [f"grn_mlp[{impl}]"]
 
 
+def test_a_dtype_the_bound_grn_kernel_does_not_take_runs_the_torch_site_and_says_so():
+    """float64 with the Triton pair bound (it computes in float32, as on a CUDA device): the
+    site runs GRN in torch ops after the act's own pair, with a warning, and matches float64
+    eager exactly rather than to float32's precision."""
+    from tests.helpers import interpreted_triton
+    interpreted_triton()
+    torch.manual_seed(0)
+    model = GrnMlp(6).double().train()
+    ref = copy.deepcopy(model)
+    assert dict(fuse(model, "train", impls={"grn": "triton"}).sites) == {"grn_mlp": 1}
+    with pytest.warns(UserWarning, match="grn_mlp: the grn triton kernel does not take "
+                                         "torch.float64; ran GRN in torch ops"):
+        y = assert_matches_eager(model, ref, (_x(2, 4, 4, 6),))
+    assert len(kernels(y)) == 1 and kernels(y)[0] not in ("grn_mlp[cpu]", "grn_mlp[triton]")
+
+
 def test_an_act_the_grn_kernels_do_not_take_runs_the_torch_site():
     """Hardswish is no grn kernel's act: the site still fuses, GRN in torch ops after the act's
     own pair, as eager in float64."""

@@ -20,6 +20,7 @@ Otherwise GRN runs in torch ops after the act's own pair (BiasAct, as in the mlp
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.fuse.fx.residual import run_ops_residual
 from fusebench.fuse.fx.spelled import factors
 from fusebench.kernels.grn.function import ACTS as GRN_ACTS
+from fusebench.kernels.grn.native import DTYPES as GRN_DTYPES
 
 SPATIAL = ((1, 2), (-3, -2))        # H, W of an (N, H, W, C) tensor
 CHANNEL = ((-1,), (3,))
@@ -259,7 +261,9 @@ def grn_mlp_site(ba: BiasAct, eps: float, residual: bool, nchw_out: bool,
     """run(x, w1, b1, gamma, beta, w2, b2[, res]): with residual, res + the MLP (the add in
     fc2's GEMM where layouts allow); nchw_out: the rows go back to (N, C, H, W) first. pair:
     the bound grn family pair and its act name, where the act is one it takes."""
-    kernel = grn_pair_kernel(*pair, eps) if pair else grn_mlp_kernel(ba, eps)
+    torch_kernel = grn_mlp_kernel(ba, eps)
+    kernel = grn_pair_kernel(*pair, eps) if pair else torch_kernel
+    takes = GRN_DTYPES.get(pair[0].impl, ()) if pair else ()
     bias_in_fc1 = ba.bias_in_fc1 and not pair
     fc = FC["linear"]
 
@@ -273,12 +277,18 @@ def grn_mlp_site(ba: BiasAct, eps: float, residual: bool, nchw_out: bool,
             y = back(fc.fwd(grn_eager(g, gamma, beta, eps), w2, b2))
             return y if res is None else y + res
         h0 = fc.fwd(x, w1, b1 if bias_in_fc1 else None)
-        groups = ((None if bias_in_fc1 else b1,), (gamma, beta), (w2, b2))
+        groups, kern = ((None if bias_in_fc1 else b1,), (gamma, beta), (w2, b2)), kernel
+        if pair and h0.dtype not in takes:   # float64 on CUDA, float16 on CPU: torch's ops
+            warnings.warn(f"grn_mlp: the grn {pair[0].impl} kernel does not take {h0.dtype}; "
+                          f"ran GRN in torch ops")
+            if ba.bias_in_fc1 and b1 is not None:
+                h0 = h0 + b1
+            groups, kern = ((None if ba.bias_in_fc1 else b1,), *groups[1:]), torch_kernel
         if res is None:
-            return run_ops(kernel, h0, groups)
+            return run_ops(kern, h0, groups)
         if acc is None or not foldable(acc, h0, w2, "linear"):
-            return back(run_ops(kernel, h0, groups)) + res
-        return back(run_ops_residual(kernel, h0, groups, acc))
+            return back(run_ops(kern, h0, groups)) + res
+        return back(run_ops_residual(kern, h0, groups, acc))
     return Site("fused_grn_mlp", run)
 
 

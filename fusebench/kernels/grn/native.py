@@ -13,6 +13,9 @@ from fusebench.kernels.registry import register_impl
 from fusebench.kernels.triton_support import triton_cdiv, triton_next_pow2
 
 TILE = 4096                          # elements per Triton program: BLOCK_C * BLOCK_HW
+# what each native pair computes in: the grn_mlp site runs GRN in torch ops for other dtypes
+# (Triton would round float64 to float32; the C++ kernels have no float16)
+DTYPES = {"cpu": cpu.DTYPES, "triton": triton.DTYPES}
 
 
 def grn_cpu_fwd(h, b, gamma, beta, eps: float = 1e-6, act: str = "gelu"):
