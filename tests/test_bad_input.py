@@ -206,6 +206,8 @@ CONFLICTS = [
     (["--amp", "--dtype", "bfloat16"], "--amp"),
     (["--amp", "--dtype", "float16"], "--amp"),
     (["--dtype", "float16", "--device", "cpu"], "float16"),
+    (["--dtype", "float16", "--device", "cpu", "--bench", "infer"],
+     "float16 is not supported on CPU"),
     (["--device", "tpu"], "--device"),
     (["--device", "cuda:x"], None),
     (["--device", "cuda:99"], None),

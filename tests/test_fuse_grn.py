@@ -207,7 +207,7 @@ def test_hooks_on_every_grn_are_one_note_with_eager_values():
     result = fuse(model, "train")
     assert "grn_mlp" not in result.sites
     assert ("not_fused", "grn_mlp: 5 candidate(s) not fused: a hook on its GRN module (at "
-                         "stages.0.0.grn, stages.1.0.grn, stages.2.0.grn and 2 more)") in result.notes
+            "stages.0.0.grn, stages.1.0.grn, stages.2.0.grn and 2 more)") in result.notes
     assert seen == []
     assert_matches_eager(model, ref, (_x(2, 3, 32, 32),))
     assert len(seen) >= 5

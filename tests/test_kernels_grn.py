@@ -157,7 +157,8 @@ def test_native_backward_is_once_differentiable():
 
 @pytest.mark.parametrize("name", IMPLS)
 @pytest.mark.parametrize("args, match", [
-    ((torch.randn(2, 3, 4), torch.randn(4), torch.randn(4), torch.randn(4)), "must be \\(N, H, W, C\\)"),
+    ((torch.randn(2, 3, 4), torch.randn(4), torch.randn(4), torch.randn(4)),
+     "must be \\(N, H, W, C\\)"),
     ((torch.randn(1, 2, 2, 4), torch.randn(4), torch.randn(5), torch.randn(4)), "C = 4 values"),
     ((torch.randn(1, 2, 2, 4), torch.randn(4), torch.randn(4), torch.randn(4), 1e-6, "tanh"),
      "act 'tanh' not one of"),

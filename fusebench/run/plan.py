@@ -165,7 +165,7 @@ def _check_settings(req: RunRequest):
     device = resolve_device(req.device)
     dist = validate_dist(req.dist, req.nproc, req.nnodes, req.node_rank, req.rdzv_endpoint)
     if device == "cpu" and req.dtype == "float16":
-        raise UsageError("--dtype float16 is not supported for training on CPU; use bfloat16")
+        raise UsageError("--dtype float16 is not supported on CPU (train or infer); use bfloat16")
     return device, dist
 
 
