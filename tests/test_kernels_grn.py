@@ -77,7 +77,12 @@ def test_native_pairs_equal_their_torch_twin_on_any_shape(n, hh, ww, c, act, bia
     twin = pure_pair("grn", "function")
     want = twin.fwd(h, b, gamma, beta, 1e-6, act)
     want_b = twin.bwd(du, h, b, gamma, beta, *want[1:], act, True)
-    for name in NATIVE:
+    # each native pair that runs here (Triton: an interpreter that computes these kernels
+    # right), so that one that cannot does not skip the other's check
+    here = [n for n in NATIVE if get_impl("grn", n).available("cpu")[0]]
+    if not here:
+        pytest.skip("no native grn impl runs here")
+    for name in here:
         _impl("grn", name)
         pair = pure_pair("grn", name)
         tol = {"atol": 1e-5, "rtol": 1e-4} if name == "triton" else {"atol": 1e-12, "rtol": 1e-10}
