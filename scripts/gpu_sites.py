@@ -46,7 +46,7 @@ def models(size: str) -> dict:
         "swin_stage": swin.SwinStage,       # learned bias + windowed mask: CUDA takes its grad
         # HF's current layout: grouped k/v heads; under autocast q, k float32 and v bf16
         "hf_llama": lambda: hf_llama.make(size),
-        # fc1 -> GELU -> GRN -> fc2 (grn_mlp): the bias_gelu family bound for CUDA (Triton)
+        # fc1 -> GELU -> GRN -> fc2 (grn_mlp): the grn family bound for CUDA (Triton)
         "convnext_v2": convnext_v2.make_trained,
     }
     try:                    # a test extra: the device image may lack it (gpu_wheels.sh carries it)
