@@ -35,6 +35,7 @@ from fusebench.fuse.fx.pattern import Attr, Hit, Miss, Site, register_pattern
 from fusebench.fuse.fx.residual import run_ops_residual
 from fusebench.fuse.fx.spelled import factors
 from fusebench.kernels.grn.function import ACTS as GRN_ACTS
+from fusebench.kernels.grn.function import channel_grads
 from fusebench.kernels.grn.native import DTYPES as GRN_DTYPES
 
 SPATIAL = ((1, 2), (-3, -2))        # H, W of an (N, H, W, C) tensor
@@ -194,14 +195,10 @@ def grn_mlp_kernel(ba: BiasAct, eps: float) -> MultiOpKernel:
         # the GRN output fc2's weight gradient reads, rebuilt (per-image products dy_i^T g_i
         # giving dw2 and ds without it ran 0.94x; docs/fused.md, forty-seventh session)
         dw2, db2 = weight_grads(torch.addcmul(beta.reshape(-1), g, s))
-        ds = (du * g).sum((1, 2), keepdim=True)
-        n = big / m
-        dgamma = (ds * n).sum_to_size(n.shape[-1:]).reshape(gamma.shape)
-        dbeta = du.sum_to_size(du.shape[-1:]).reshape(beta.shape)
-        dn = ds * gamma.reshape(-1)
-        dbig = dn / m - (dn * big).sum(-1, keepdim=True) / (m * m * big.shape[-1])
-        k = torch.where(big > 0, dbig / big, torch.zeros_like(big))   # g is 0 where G is
-        dg = du.mul_(s).addcmul_(g, k)
+        # GRN's backward on (N, C) sums, as the grn family's impls run it
+        k, dgamma, dbeta = channel_grads((du * g).sum((1, 2)), du.sum((1, 2)), big.flatten(1),
+                                         m.flatten(), gamma, beta)
+        dg = du.mul_(s).addcmul_(g, k[:, None, None])
         if ba.from_output:
             dh, db1 = ba.from_output(dg, kept), None
         else:
